@@ -1,0 +1,156 @@
+"""The `data` config section: one typed place for every knob of one input pipeline.
+
+Like tensorflow_datasets' ReadConfig, a single small model holds the read, preprocess, batching
+and tf.data option knobs; unlike big_vision, an unknown key is an error, never ignored.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+import pydantic
+
+from tpu_pipeline.config.base import StrictModel
+from tpu_pipeline.errors import ConfigError
+
+AUTOTUNE = "autotune"
+IntOrAutotune = Union[pydantic.PositiveInt, Literal["autotune"]]
+
+
+class TFRecordSourceConfig(StrictModel):
+    """TFRecord files by glob (local or any tf.io.gfile scheme such as gs://)."""
+
+    type: Literal["tfrecord"] = "tfrecord"
+    files: Union[str, list[str]] = pydantic.Field(
+        description="glob pattern(s), comma-separated or a list; e.g. gs://bucket/train-*.tfrecord"
+    )
+    compression: Literal["", "GZIP", "ZLIB"] = ""
+    shuffle_files: bool = True
+    file_seed: int = pydantic.Field(
+        0, description="seed of the file-order shuffle; identical on every host so shards never overlap"
+    )
+    sharding: Literal["auto", "file", "element", "off"] = "auto"
+    cycle_length: IntOrAutotune = 16
+    block_length: pydantic.PositiveInt = 1
+    num_parallel_calls: IntOrAutotune = AUTOTUNE
+    deterministic: Optional[bool] = None
+    buffer_size: pydantic.NonNegativeInt = pydantic.Field(
+        8 * 1024 * 1024, description="read buffer per file in bytes (large reads are cheap on GCS)"
+    )
+
+
+class ArraySourceConfig(StrictModel):
+    """In-memory arrays (from_tensor_slices), from a .npz file in YAML or from Python directly."""
+
+    type: Literal["arrays"] = "arrays"
+    path: str = pydantic.Field(description=".npz file whose arrays become features (same first dim)")
+    sharding: Literal["auto", "element", "off"] = "auto"
+
+
+SourceConfig = Union[TFRecordSourceConfig, ArraySourceConfig]
+
+
+class FeatureConfig(StrictModel):
+    """One tf.Example feature: FixedLenFeature ('fixed') or VarLenFeature densified ('var')."""
+
+    dtype: Literal["string", "int64", "float32"]
+    shape: list[pydantic.NonNegativeInt] = []
+    kind: Literal["fixed", "var"] = "fixed"
+    default: Any = None
+
+
+class OpConfig(StrictModel):
+    """One preprocessing op by registry name, with its keyword arguments."""
+
+    op: str
+    args: dict[str, Any] = {}
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, value: Any) -> Any:
+        # Accept "random_flip" and {op: resize, size: 224} as well as {op:..., args: {...}}.
+        if isinstance(value, str):
+            return {"op": value}
+        if isinstance(value, dict) and "op" in value and "args" not in value:
+            return {"op": value["op"], "args": {k: v for k, v in value.items() if k != "op"}}
+        return value
+
+
+class CacheConfig(StrictModel):
+    enabled: bool = False
+    path: str = pydantic.Field("", description="'' caches in memory; a path caches to files (one per input pipeline)")
+
+
+class ShuffleConfig(StrictModel):
+    enabled: bool = True
+    buffer_size: pydantic.PositiveInt = 10_000
+    seed: Optional[int] = None
+    reshuffle_each_iteration: bool = True
+
+
+class OutputsConfig(StrictModel):
+    """Turns the feature dict into the (inputs, targets) tuple Keras fit expects."""
+
+    inputs: Union[str, list[str]] = "image"
+    targets: Union[str, list[str], None] = "label"
+
+
+class OptionsConfig(StrictModel):
+    """tf.data.Options, by their current (TF 2.16+) names. None leaves TensorFlow's default."""
+
+    autotune: bool = True
+    cpu_budget: Optional[pydantic.PositiveInt] = None
+    ram_budget: Optional[pydantic.PositiveInt] = pydantic.Field(None, description="bytes")
+    private_threadpool_size: Optional[pydantic.NonNegativeInt] = None
+    max_intra_op_parallelism: Optional[pydantic.PositiveInt] = None
+    deterministic: Optional[bool] = None
+    map_parallelization: Optional[bool] = None
+    auto_shard_policy: Optional[Literal["auto", "file", "data", "hint", "off"]] = None
+    slack: bool = False
+
+
+class DataConfig(StrictModel):
+    """One input pipeline: source → parse → preprocess → cache → shuffle → repeat → augment → batch."""
+
+    source: SourceConfig = pydantic.Field(discriminator="type")
+    features: dict[str, FeatureConfig] = {}
+    preprocess: list[OpConfig] = []
+    augment: list[OpConfig] = []
+    cache: CacheConfig = CacheConfig()
+    shuffle: ShuffleConfig = ShuffleConfig()
+    repeat: Union[pydantic.PositiveInt, Literal["forever"]] = 1
+    batch_size: pydantic.PositiveInt = pydantic.Field(description="GLOBAL batch, split over replicas")
+    drop_remainder: bool = True
+    outputs: Optional[OutputsConfig] = None
+    prefetch: Union[pydantic.NonNegativeInt, Literal["autotune"]] = AUTOTUNE
+    seed: Optional[int] = pydantic.Field(None, description="seed of the per-element augmentation seeds")
+    num_parallel_calls: IntOrAutotune = AUTOTUNE
+    options: OptionsConfig = OptionsConfig()
+
+    @pydantic.model_validator(mode="after")
+    def _check_ops(self, info: pydantic.ValidationInfo) -> "DataConfig":
+        # Imported here: the registry lives in a lower layer and registers built-ins on import.
+        from tpu_pipeline.ops import get_op
+
+        prefix = (info.context or {}).get("prefix", "data")
+        for section in ("preprocess", "augment"):
+            for index, op in enumerate(getattr(self, section)):
+                where = f"{prefix}.{section}[{index}]"
+                registered = get_op(op.op, where)
+                registered.build(op.args, where)  # validates the arguments now, not mid-training
+                if section == "preprocess" and registered.random and self.cache.enabled:
+                    raise ConfigError(
+                        f"{where}: op '{op.op}' is random and runs before {prefix}.cache, so the cache "
+                        f"would freeze one draw for every epoch. Move it to {prefix}.augment (which runs "
+                        f"after the cache) or set {prefix}.cache.enabled=false."
+                    )
+        if isinstance(self.source, TFRecordSourceConfig) and not self.features:
+            raise ConfigError(
+                f"{prefix}.features: a tfrecord source needs a feature spec, e.g. "
+                "{image: {dtype: string}, label: {dtype: int64}}"
+            )
+        return self
+
+    def uses_randomness(self) -> bool:
+        from tpu_pipeline.ops import get_op
+
+        return any(get_op(op.op).random for op in self.preprocess + self.augment)

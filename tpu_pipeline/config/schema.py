@@ -1,0 +1,15 @@
+"""The whole config: one strict section per layer (data now; cluster, model, train as they land)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from tpu_pipeline.config.base import StrictModel
+from tpu_pipeline.config.data import DataConfig
+
+
+class Config(StrictModel):
+    """Top level of a YAML config file. Every section is optional; each layer reads its own."""
+
+    imports: list[str] = []
+    data: Optional[DataConfig] = None
+    eval_data: Optional[DataConfig] = None
