@@ -1,0 +1,36 @@
+"""tf.Example parsing from the config's feature spec."""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import tensorflow as tf
+
+_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
+
+
+def feature_spec(features: Mapping[str, Any]) -> dict[str, Any]:
+    """FeatureConfig mapping → the dict tf.io.parse_*example expects."""
+    spec: dict[str, Any] = {}
+    for name, feature in features.items():
+        dtype = _DTYPES[feature.dtype]
+        if feature.kind == "var":
+            spec[name] = tf.io.VarLenFeature(dtype)
+        else:
+            spec[name] = tf.io.FixedLenFeature(feature.shape, dtype, default_value=feature.default)
+    return spec
+
+
+def make_parser(features: Mapping[str, Any]) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+    """Returns fn(serialized) → dict of dense tensors (VarLen features densified)."""
+    spec = feature_spec(features)
+    defaults = {name: f.default for name, f in features.items()}
+
+    def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+        parsed = tf.io.parse_single_example(serialized, spec)
+        for name, value in parsed.items():
+            if isinstance(value, tf.SparseTensor):
+                default = defaults[name]
+                parsed[name] = tf.sparse.to_dense(value, default_value=default) if default is not None else tf.sparse.to_dense(value)
+        return parsed
+
+    return parse

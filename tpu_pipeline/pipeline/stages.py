@@ -1,0 +1,179 @@
+"""Dataset → dataset stages. Each is a small frozen object: `stage.apply(dataset, input_context)`.
+
+They compose in `Pipeline`, but each can be used alone on any `tf.data.Dataset`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Sequence, Union
+
+import tensorflow as tf
+
+from tpu_pipeline.pipeline._common import AUTOTUNE, tune
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.ops.registry import OpFn
+
+Features = dict[str, Any]
+
+
+
+@dataclasses.dataclass(frozen=True)
+class MapFeatures:
+    """One parallel map: optional parse, then ops in order. Fused so each element crosses threads once.
+
+    `random_ops` lists which ops need a seed. When any does, each element is zipped with its own
+    `int64[2]` seed from `tf.data.Dataset.random(seed + pipeline id)`, and op i gets
+    `stateless_fold_in(element_seed, i)`: reproducible for a fixed seed, whatever the thread timing.
+    """
+
+    ops: Sequence[OpFn] = ()
+    random_ops: Sequence[bool] = ()
+    parse: Optional[Callable[[tf.Tensor], Features]] = None
+    seed: Optional[int] = None
+    num_parallel_calls: Union[int, str] = "autotune"
+    deterministic: Optional[bool] = None
+    name: str = "map_features"
+
+    def __post_init__(self) -> None:
+        if self.random_ops and len(self.random_ops) != len(self.ops):
+            raise ValueError("random_ops must have one flag per op")
+
+    @property
+    def needs_seed(self) -> bool:
+        return any(self.random_ops)
+
+    def transform(self, element: Any, element_seed: Optional[tf.Tensor] = None) -> Features:
+        features = self.parse(element) if self.parse is not None else dict(element)
+        for index, op in enumerate(self.ops):
+            seed = None
+            if self.random_ops and self.random_ops[index]:
+                seed = tf.random.experimental.stateless_fold_in(element_seed, index)
+            features = op(features, seed)
+        return features
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        if not self.ops and self.parse is None:
+            return dataset
+        if self.needs_seed:
+            seed = None if self.seed is None else self.seed + 1_000_003 * context.input_pipeline_id
+            seeds = tf.data.Dataset.random(seed=seed).batch(2, drop_remainder=True)
+            dataset = tf.data.Dataset.zip((dataset, seeds))
+            fn = self.transform
+        else:
+            fn = lambda element: self.transform(element)  # noqa: E731
+        return dataset.map(
+            fn,
+            num_parallel_calls=tune(self.num_parallel_calls),
+            deterministic=self.deterministic,
+            name=self.name,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """Caches in memory ('' path) or to files; a file cache gets one prefix per input pipeline."""
+
+    path: str = ""
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        if not self.path:
+            return dataset.cache()
+        tf.io.gfile.makedirs(self.path)
+        suffix = f"pipeline{context.input_pipeline_id}-of-{context.num_input_pipelines}"
+        return dataset.cache(tf.io.gfile.join(self.path, suffix))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shuffle:
+    buffer_size: int = 10_000
+    seed: Optional[int] = None
+    reshuffle_each_iteration: bool = True
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        seed = None if self.seed is None else self.seed + context.input_pipeline_id
+        return dataset.shuffle(self.buffer_size, seed=seed, reshuffle_each_iteration=self.reshuffle_each_iteration)
+
+
+@dataclasses.dataclass(frozen=True)
+class Repeat:
+    """Repeats `count` times; None repeats forever."""
+
+    count: Optional[int] = None
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        if self.count == 1:
+            return dataset
+        return dataset.repeat(self.count)
+
+
+def per_replica_batch_size(global_batch_size: int, context: tf.distribute.InputContext, key: str = "data.batch_size") -> int:
+    """The batch one input pipeline produces: the global batch split over all replicas."""
+    replicas = context.num_replicas_in_sync
+    if global_batch_size % replicas:
+        lower = global_batch_size - global_batch_size % replicas
+        raise ConfigError(
+            f"{key}={global_batch_size} is the GLOBAL batch and must be divisible by the "
+            f"{replicas} replicas; use a multiple of {replicas}, e.g. {lower or replicas} or {lower + replicas}"
+        )
+    return global_batch_size // replicas
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Batches the per-replica share of the GLOBAL batch; drop_remainder keeps shapes static for TPUs."""
+
+    global_batch_size: int
+    drop_remainder: bool = True
+    num_parallel_calls: Union[int, str, None] = "autotune"
+    deterministic: Optional[bool] = None
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        size = per_replica_batch_size(self.global_batch_size, context)
+        calls = None if self.num_parallel_calls is None else tune(self.num_parallel_calls)
+        return dataset.batch(size, drop_remainder=self.drop_remainder, num_parallel_calls=calls, deterministic=self.deterministic)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToOutputs:
+    """Feature dict → (inputs, targets) as Keras fit expects; a list of keys keeps a dict."""
+
+    inputs: Union[str, Sequence[str]] = "image"
+    targets: Union[str, Sequence[str], None] = "label"
+
+    def _pick(self, features: Features, keys: Union[str, Sequence[str]], what: str) -> Any:
+        names = [keys] if isinstance(keys, str) else list(keys)
+        missing = [k for k in names if k not in features]
+        if missing:
+            raise ConfigError(
+                f"data.outputs.{what}: feature(s) {missing} do not exist; features here: {sorted(features)}"
+            )
+        return features[keys] if isinstance(keys, str) else {k: features[k] for k in names}
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        def fn(features: Features):
+            inputs = self._pick(features, self.inputs, "inputs")
+            if self.targets is None:
+                return inputs
+            return inputs, self._pick(features, self.targets, "targets")
+
+        return dataset.map(fn, num_parallel_calls=AUTOTUNE, name="to_outputs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefetch:
+    buffer_size: Union[int, str] = "autotune"
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        if self.buffer_size == 0:
+            return dataset
+        return dataset.prefetch(tune(self.buffer_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class WithOptions:
+    """Attaches tf.data.Options (see tpu_pipeline.pipeline.options)."""
+
+    options: tf.data.Options
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return dataset.with_options(self.options)
