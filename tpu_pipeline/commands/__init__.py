@@ -1,0 +1,1 @@
+"""One module per `tpu-pipeline` subcommand; each exposes `run(overrides) -> exit code`."""
