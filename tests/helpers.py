@@ -1,0 +1,49 @@
+"""Test data: real TFRecord files holding real JPEG bytes, with an `id` per example."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tpu_pipeline.records.writer import bytes_feature, int_feature, write_split
+
+
+def jpeg_examples(num: int, size: int = 24, seed: int = 0):
+    """Serialized tf.Examples: a real JPEG (random size around `size`), label = id % 4, and id."""
+    rng = np.random.default_rng(seed)
+    for index in range(num):
+        height, width = size + int(rng.integers(0, 8)), size + int(rng.integers(0, 8))
+        pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        jpeg = tf.io.encode_jpeg(pixels, quality=90).numpy()
+        feature = {"image": bytes_feature(jpeg), "label": int_feature(index % 4), "id": int_feature(index)}
+        yield tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_jpeg_shards(directory: str, num: int, num_shards: int, size: int = 24, compression: str = "") -> str:
+    """Writes the shards and returns their glob."""
+    write_split(jpeg_examples(num, size), str(directory), "train", num_shards, compression)
+    suffix = ".gz" if compression == "GZIP" else ""
+    return os.path.join(str(directory), f"train-*.tfrecord{suffix}")
+
+
+def data_config(files: str, **overrides) -> dict:
+    """A complete deterministic image data section over `files` (a plain dict, as from YAML)."""
+    config = {
+        "source": {"type": "tfrecord", "files": files, "cycle_length": 4, "deterministic": True},
+        "features": {"image": {"dtype": "string"}, "label": {"dtype": "int64"}, "id": {"dtype": "int64"}},
+        "preprocess": [
+            {"op": "decode_image", "format": "jpeg"},
+            {"op": "resize", "size": 16},
+            {"op": "cast", "key": "image", "dtype": "bfloat16"},
+            {"op": "cast", "key": "label", "dtype": "int32"},
+            {"op": "cast", "key": "id", "dtype": "int32"},
+        ],
+        "shuffle": {"buffer_size": 64, "seed": 1},
+        "repeat": 1,
+        "batch_size": 32,
+        "options": {"deterministic": True},
+    }
+    for key, value in overrides.items():
+        config[key] = value
+    return config

@@ -1,0 +1,50 @@
+"""The `tpu-pipeline` command line, run as a user would (a subprocess, real files)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args: str, cache_dir: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TPU_PIPELINE_CACHE": cache_dir}
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_pipeline.cli", *args], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory) -> str:
+    """One demo dataset for the whole session (written by the first command that needs it)."""
+    return str(tmp_path_factory.mktemp("demo_cache"))
+
+
+def test_demo_builds_the_pipeline_and_prints_throughput(demo_cache):
+    result = cli("demo", "--steps", "20", "--warmup", "2", cache_dir=demo_cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TensorSpec(shape=(128, 64, 64, 3), dtype=tf.float32" in result.stdout
+    match = re.search(r"throughput: ([\d,]+) examples/s, ([\d.,]+) batches/s \((\d+) batches", result.stdout)
+    assert match and int(match.group(3)) == 20 and float(match.group(1).replace(",", "")) > 0
+    files = sorted(os.listdir(os.path.join(demo_cache, "demo_shapes", "v1-64px-4096-1024")))
+    assert files[0] == "metadata.json" and len([f for f in files if f.startswith("train-")]) == 8
+
+
+def test_overrides_and_user_errors_are_one_clear_line(demo_cache):
+    result = cli("demo", "--steps", "2", "--warmup", "0", "data.batch_size=64", cache_dir=demo_cache)
+    assert result.returncode == 0 and "shape=(64, 64, 64, 3)" in result.stdout, result.stderr[-2000:]
+    result = cli("demo", "data.shuffle.buffer=3", cache_dir=demo_cache)
+    assert result.returncode == 2
+    assert "data.shuffle.buffer: unknown key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_usage_and_unknown_command(demo_cache):
+    assert "commands:" in cli("--help", cache_dir=demo_cache).stdout
+    result = cli("frobnicate", cache_dir=demo_cache)
+    assert result.returncode == 2 and "unknown command 'frobnicate'" in result.stderr

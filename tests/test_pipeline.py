@@ -1,0 +1,161 @@
+"""The pipeline on real TFRecords of real JPEGs, under a real 8-replica CPU strategy."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_pipeline.config import config_from_dict
+from tpu_pipeline.errors import ConfigError, TpuCompatibilityError
+from tpu_pipeline.pipeline import Pipeline, choose_sharding
+
+from helpers import data_config, write_jpeg_shards
+
+
+def pipeline_for(files: str, target: str = "cpu", **overrides) -> Pipeline:
+    config = config_from_dict({"data": data_config(files, **overrides)}).data
+    return Pipeline.from_config(config, target=target)
+
+
+def ids_of(dataset: tf.data.Dataset) -> list[int]:
+    return [int(i) for batch in dataset for i in batch["id"].numpy()]
+
+
+def test_per_replica_batches_have_the_right_shapes(tmp_path, eight_replica_strategy):
+    files = write_jpeg_shards(tmp_path, num=256, num_shards=8)
+    pipeline = pipeline_for(files, target="tpu")  # also runs the TPU check: must pass
+    distributed = pipeline.distribute(eight_replica_strategy)
+    batch = next(iter(distributed))
+    images = eight_replica_strategy.experimental_local_results(batch["image"])
+    labels = eight_replica_strategy.experimental_local_results(batch["label"])
+    assert len(images) == 8
+    assert {tuple(t.shape) for t in images} == {(4, 16, 16, 3)}  # global 32 / 8 replicas
+    assert {t.dtype for t in images} == {tf.bfloat16}
+    assert {tuple(t.shape) for t in labels} == {(4,)}
+    assert {t.dtype for t in labels} == {tf.int32}
+
+
+def test_eight_replicas_see_every_example_exactly_once(tmp_path, eight_replica_strategy):
+    files = write_jpeg_shards(tmp_path, num=256, num_shards=8)
+    distributed = pipeline_for(files).distribute(eight_replica_strategy)
+    seen = []
+    for batch in distributed:
+        for ids in eight_replica_strategy.experimental_local_results(batch["id"]):
+            seen.extend(int(i) for i in ids.numpy())
+    assert sorted(seen) == list(range(256))
+
+
+@pytest.mark.parametrize(
+    "num_files, expected_mode",
+    [(8, "file"), (1, "element")],
+)
+def test_two_input_pipelines_split_one_epoch_exactly(tmp_path, caplog, num_files, expected_mode):
+    num = 240 if num_files == 1 else 256
+    files = write_jpeg_shards(tmp_path, num=num, num_shards=num_files)
+    assert choose_sharding("auto", num_files, 2) == expected_mode
+    pipeline = pipeline_for(files)
+    per_pipeline = []
+    with caplog.at_level(logging.WARNING):
+        for pipeline_id in range(2):
+            context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline_id, num_replicas_in_sync=8)
+            dataset = pipeline.build(context)
+            assert dataset.element_spec["image"].shape.as_list() == [4, 16, 16, 3]
+            per_pipeline.append(ids_of(dataset))
+    assert not set(per_pipeline[0]) & set(per_pipeline[1]), "input pipelines overlapped"
+    assert sorted(per_pipeline[0] + per_pipeline[1]) == list(range(num))
+    assert len(per_pipeline[0]) == len(per_pipeline[1]) == num // 2
+    warned = any("sharding by element" in r.getMessage() for r in caplog.records)
+    assert warned == (expected_mode == "element")
+
+
+def test_file_sharding_is_by_file(tmp_path):
+    """With file sharding, each pipeline's ids come from whole files (round-robin writer: id % 8)."""
+    files = write_jpeg_shards(tmp_path, num=256, num_shards=8)
+    pipeline = pipeline_for(files)
+    for pipeline_id in range(2):
+        context = tf.distribute.InputContext(2, pipeline_id, 2)
+        file_indices = {i % 8 for i in ids_of(pipeline.build(context))}
+        assert len(file_indices) == 4
+
+
+def test_deterministic_mode_repeats_the_same_order(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=128, num_shards=4)
+    first = ids_of(pipeline_for(files).build())
+    second = ids_of(pipeline_for(files).build())
+    assert first == second
+    assert first != sorted(first), "the seeded shuffle should change the order"
+    other_seed = ids_of(pipeline_for(files, shuffle={"buffer_size": 64, "seed": 2}).build())
+    assert other_seed != first and sorted(other_seed) == sorted(first)
+
+
+def test_gzip_shards_read_back_the_same_examples(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=64, num_shards=2, compression="GZIP")
+    config = data_config(files)
+    config["source"]["compression"] = "GZIP"
+    pipeline = Pipeline.from_config(config_from_dict({"data": config}).data)
+    assert sorted(ids_of(pipeline.build())) == list(range(64))
+
+
+def test_repeat_count_and_remainder(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=100, num_shards=2)
+    twice = ids_of(pipeline_for(files, repeat=2).build())
+    assert len(twice) == 192  # 200 examples → 6 full batches of 32, the last 8 dropped
+    keep_all = pipeline_for(files, drop_remainder=False).build()
+    assert sorted(ids_of(keep_all)) == list(range(100))
+
+
+def test_tpu_check_rejects_a_dynamic_batch_dimension(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=64, num_shards=2)
+    with pytest.raises(TpuCompatibilityError) as error:
+        pipeline_for(files, target="tpu", drop_remainder=False).build()
+    message = str(error.value)
+    assert "feature 'image'" in message and "(None, 16, 16, 3)" in message
+    assert "drop_remainder" in message
+
+
+def test_tpu_check_rejects_strings_and_int64(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=64, num_shards=2)
+    with pytest.raises(TpuCompatibilityError) as error:
+        pipeline_for(files, target="tpu", preprocess=[]).build()
+    message = str(error.value)
+    assert "feature 'image' has dtype string" in message and "op keep" in message
+    assert "feature 'id' has dtype int64" in message and "int32" in message
+    # The same dataset is fine on CPU: the check is for TPUs only, but callable anywhere.
+    assert pipeline_for(files, preprocess=[]).build().element_spec["image"].dtype == tf.string
+
+
+def test_outputs_give_keras_tuples(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=64, num_shards=2)
+    dataset = pipeline_for(files, target="tpu", outputs={"inputs": "image", "targets": "label"}).build()
+    images, labels = next(iter(dataset))
+    assert images.shape == (32, 16, 16, 3) and labels.shape == (32,)
+
+
+def test_cache_then_augment_flips_differently_each_epoch(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=32, num_shards=1)
+    config = data_config(
+        files,
+        preprocess=[{"op": "decode_image"}, {"op": "resize", "size": 16}, {"op": "cast", "key": "id", "dtype": "int32"}],
+        cache={"enabled": True, "path": str(tmp_path / "cache")},
+        augment=[{"op": "random_flip"}],
+        shuffle={"enabled": False},
+        repeat=2,
+        seed=7,
+    )
+    pipeline = Pipeline.from_config(config_from_dict({"data": config}).data)
+    batches = [b["image"].numpy() for b in pipeline.build()]
+    assert len(batches) == 2  # one batch of 32 per epoch
+    flipped = np.all(batches[0] == batches[1][:, :, ::-1], axis=(1, 2, 3))
+    same = np.all(batches[0] == batches[1], axis=(1, 2, 3))
+    assert np.all(flipped | same) and flipped.any() and same.any()
+    assert any(p.name.startswith("pipeline0-of-1") for p in (tmp_path / "cache").iterdir())
+    again = [b["image"].numpy() for b in Pipeline.from_config(config_from_dict({"data": config}).data).build()]
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again)), "a fixed seed must reproduce the flips"
+
+
+def test_batch_not_divisible_by_replicas_names_the_key(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=64, num_shards=2)
+    with pytest.raises(ConfigError, match=r"data\.batch_size=36 .* 8 replicas.*32 or 40"):
+        pipeline_for(files, batch_size=36).build(tf.distribute.InputContext(1, 0, 8))

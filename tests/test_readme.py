@@ -1,0 +1,38 @@
+"""The README's config reference must name every key the schema accepts (and no removed one)."""
+from __future__ import annotations
+
+import os
+import re
+
+import pydantic
+
+from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.ops import registered_ops
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def keys(model: type[pydantic.BaseModel], prefix: str) -> set[str]:
+    found = set()
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        members = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, pydantic.BaseModel)]
+        if members and name not in ("outputs", "features") and not (name in ("preprocess", "augment")):
+            for member in members:
+                found |= keys(member, f"{prefix}.{name}")
+        else:
+            found.add(f"{prefix}.{name}")
+    return found
+
+
+def test_every_data_key_is_documented():
+    text = open(README).read()
+    documented = set(re.findall(r"`(data\.[a-z_.]+)`", text))
+    assert keys(DataConfig, "data") <= documented, sorted(keys(DataConfig, "data") - documented)
+
+
+def test_every_builtin_op_is_documented():
+    text = open(README).read()
+    builtin = {op for op in registered_ops() if not op.endswith("_test") and not op.endswith("_test_op")}
+    missing = [op for op in builtin if f"| `{op}`" not in text]
+    assert not missing, missing
