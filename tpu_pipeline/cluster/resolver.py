@@ -1,0 +1,292 @@
+"""One call that finds the accelerator and returns the right `tf.distribute` strategy.
+
+`resolve()` tries a TPU first (explicit name, TPU_NAME, COLAB_TPU_ADDR, a TPU VM), then a
+TF_CONFIG cluster with several workers, then GPUs, then the CPU. The decision among the last
+three (`choose_kind`) is a pure function, kept apart from building the strategy, because a
+multi-worker strategy blocks until its peers join and so cannot be built in a unit test.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Literal, Mapping
+
+import tensorflow as tf
+
+from tpu_pipeline.cluster import tpu as tpu_lib
+from tpu_pipeline.config.cluster import ClusterConfig
+from tpu_pipeline.errors import ClusterError
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["tpu", "gpu", "multi-worker", "cpu"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """What `resolve` found: the strategy and the numbers an input pipeline and a log need."""
+
+    strategy: tf.distribute.Strategy
+    kind: Kind
+    num_replicas: int
+    num_hosts: int  # input pipelines: one per host (TPU pod slice hosts, or TF_CONFIG workers)
+    devices: tuple[str, ...]  # this process's compute devices (all TPU cores for a TPU)
+    memory: Mapping[str, Mapping[str, int]] | None = None  # device -> {'current', 'peak'} bytes; GPU only
+    tpu: str | None = None  # the TPU address used, for logs
+    source: str = ""  # where the choice came from, e.g. 'TPU_NAME env var' or 'cluster.cpu_replicas'
+
+    def describe(self) -> str:
+        """One line for logs, e.g. `cluster: tpu, 8 replicas on 1 host (TPUStrategy, tpu='local')`."""
+        replicas = f"{self.num_replicas} replica" + ("s" if self.num_replicas != 1 else "")
+        hosts = f"{self.num_hosts} host" + ("s" if self.num_hosts != 1 else "")
+        extra = [type(self.strategy).__name__.lstrip("_")]
+        if self.tpu:
+            extra.append(f"tpu={self.tpu!r}")
+        if self.source:
+            extra.append(f"from {self.source}")
+        line = f"cluster: {self.kind}, {replicas} on {hosts} ({', '.join(extra)})"
+        line += f"; devices: {_summarize(self.devices)}"
+        if self.memory:
+            peak = max(m.get("peak", 0) for m in self.memory.values())
+            line += f"; peak device memory in use {peak / 2**30:.2f} GiB"
+        return line
+
+
+def _summarize(devices: tuple[str, ...]) -> str:
+    """Short device names; long lists as first..last so the line stays one line."""
+    short = [d.split("/device:")[-1] if "/device:" in d else d for d in devices]
+    if len(short) <= 4:
+        return ", ".join(short) or "none"
+    return f"{short[0]} .. {short[-1]} ({len(short)})"
+
+
+def resolve(
+    config: ClusterConfig | None = None,
+    *,
+    env: Mapping[str, str] = os.environ,
+    tpu_backend: tpu_lib.TpuBackend | None = None,
+) -> ClusterInfo:
+    """Finds the accelerator and builds its strategy. Safe to call twice: a TPU is initialized once.
+
+    Call it at program start, before other TensorFlow ops: splitting the CPU into logical devices
+    and starting a multi-worker cluster are only possible before TensorFlow initializes.
+    """
+    config = config or ClusterConfig()
+    backend = tpu_backend or tpu_lib.DEFAULT_BACKEND
+    if config.accelerator in ("auto", "tpu"):
+        info = _resolve_tpu(config, env, backend)
+        if info is not None:
+            return info
+    gpus = [] if config.accelerator == "cpu" else tf.config.list_physical_devices("GPU")
+    kind = choose_kind(config, env, num_gpus=len(gpus))
+    if kind == "multi-worker":
+        return _multi_worker(config, env, num_gpus=len(gpus))
+    if kind == "gpu":
+        return _gpu(config)
+    return _cpu(config)
+
+
+def _resolve_tpu(config: ClusterConfig, env: Mapping[str, str], backend: tpu_lib.TpuBackend) -> ClusterInfo | None:
+    """A TPU's ClusterInfo, None when auto mode found none, ClusterError when one was required."""
+    evidence = None if config.tpu else backend.local_tpu_evidence()
+    candidates, notes = tpu_lib.tpu_candidates(config, env, evidence)
+    connection, failures = tpu_lib.try_tpus(candidates, backend)
+    if connection is not None:
+        return _tpu_info(connection)
+    if config.accelerator == "tpu" or config.tpu:
+        raise ClusterError(tpu_lib.no_tpu_message(config, failures, notes))
+    if failures:
+        log.warning("no TPU found, falling back:\n  %s", "\n  ".join(failures))
+    return None
+
+
+def _tpu_info(connection: tpu_lib.TpuConnection) -> ClusterInfo:
+    strategy = connection.strategy
+    return ClusterInfo(
+        strategy=strategy,
+        kind="tpu",
+        num_replicas=strategy.num_replicas_in_sync,
+        num_hosts=tpu_lib.tpu_num_hosts(connection),
+        devices=tuple(strategy.extended.worker_devices),
+        tpu=connection.candidate.tpu,
+        source=connection.candidate.source,
+    )
+
+
+def choose_kind(config: ClusterConfig, env: Mapping[str, str], *, num_gpus: int) -> Kind:
+    """Which non-TPU strategy to build (called once no TPU was chosen). Pure: builds nothing.
+
+    auto: TF_CONFIG with more than one worker, then GPUs, then the CPU.
+    """
+    if config.accelerator == "tpu":
+        raise ClusterError("choose_kind is for the non-TPU accelerators; cluster.accelerator is 'tpu'")
+    if config.accelerator == "cpu":
+        return "cpu"
+    if config.accelerator == "multi_worker":
+        if "TF_CONFIG" not in env:
+            raise ClusterError(
+                "cluster.accelerator is 'multi_worker' but the TF_CONFIG env var is not set. "
+                "Fix: set TF_CONFIG on every worker (https://www.tensorflow.org/guide/distributed_training"
+                "#setting_up_the_tf_config_environment_variable), or use cluster.accelerator=auto."
+            )
+        parse_tf_config(env)
+        return "multi-worker"
+    if config.accelerator == "gpu":
+        if num_gpus == 0:
+            raise ClusterError(
+                "cluster.accelerator is 'gpu' but TensorFlow sees no GPU "
+                f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}). Fix: install a "
+                "CUDA-enabled TensorFlow (pip install 'tensorflow[and-cuda]'), check nvidia-smi and "
+                "CUDA_VISIBLE_DEVICES, or use cluster.accelerator=auto."
+            )
+        return "gpu"
+    if num_workers(parse_tf_config(env)) > 1:
+        return "multi-worker"
+    # cluster.gpus names GPUs: with none visible, fail on them rather than train on the CPU.
+    return "gpu" if num_gpus > 0 or config.gpus is not None else "cpu"
+
+
+def parse_tf_config(env: Mapping[str, str]) -> dict[str, Any]:
+    """TF_CONFIG as a dict ({} when unset); a ClusterError naming TF_CONFIG when it is malformed."""
+    raw = env.get("TF_CONFIG", "").strip()
+    if not raw:
+        return {}
+    try:
+        tf_config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ClusterError(f"the TF_CONFIG env var is not valid JSON ({error}). Fix: export it as "
+                           '\'{"cluster": {"worker": ["host1:port", ...]}, "task": {"type": "worker", "index": 0}}\'') from None
+    cluster = tf_config.get("cluster", {}) if isinstance(tf_config, dict) else None
+    if not isinstance(cluster, dict) or not all(isinstance(v, list) for v in cluster.values()):
+        raise ClusterError("the TF_CONFIG env var must be a JSON object whose 'cluster' maps job names "
+                           'to lists of "host:port" addresses, e.g. {"cluster": {"worker": ["h1:2222", "h2:2222"]}, '
+                           '"task": {"type": "worker", "index": 0}}')
+    if "ps" in cluster:
+        raise ClusterError("the TF_CONFIG env var has a 'ps' job: parameter-server training is not "
+                           "supported here. Fix: list only 'chief' and 'worker' tasks for "
+                           "MultiWorkerMirroredStrategy.")
+    return tf_config
+
+
+def num_workers(tf_config: Mapping[str, Any]) -> int:
+    """Workers that train (and each run an input pipeline): 'chief' plus 'worker' tasks."""
+    cluster = tf_config.get("cluster", {})
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+
+def _multi_worker(config: ClusterConfig, env: Mapping[str, str], num_gpus: int) -> ClusterInfo:
+    """MultiWorkerMirroredStrategy from the TF_CONFIG in `env` (not only os.environ)."""
+    if config.gpus is not None:
+        raise ClusterError("cluster.gpus is not supported with a multi-worker TF_CONFIG cluster: every "
+                           "worker uses all its visible GPUs. Fix: drop cluster.gpus and set "
+                           "CUDA_VISIBLE_DEVICES on each worker instead.")
+    tf_config = parse_tf_config(env)
+    task = tf_config.get("task") or {}
+    if "type" not in task or "index" not in task:
+        raise ClusterError("the TF_CONFIG env var has no 'task' with 'type' and 'index' (e.g. "
+                           '"task": {"type": "worker", "index": 0}). Fix: give each worker its own task.')
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(tf_config["cluster"]),
+        task_type=task["type"],
+        task_id=int(task["index"]),
+        rpc_layer=tf_config.get("rpc_layer", "grpc"),
+        num_accelerators={"GPU": num_gpus},
+    )
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    except (RuntimeError, ValueError) as error:
+        raise ClusterError(
+            f"could not start the multi-worker cluster from TF_CONFIG ({tpu_lib.short_error(error)}). "
+            "Fix: call tpu_pipeline.cluster.resolve() at program start, before any other "
+            "TensorFlow op; collective ops can only be configured before TensorFlow initializes."
+        ) from error
+    return ClusterInfo(
+        strategy=strategy,
+        kind="multi-worker",
+        num_replicas=strategy.num_replicas_in_sync,
+        num_hosts=max(num_workers(tf_config), 1),
+        devices=tuple(strategy.extended.worker_devices),
+        source="TF_CONFIG env var",
+    )
+
+
+def _gpu(config: ClusterConfig) -> ClusterInfo:
+    """MirroredStrategy over the visible GPUs (TF already honours CUDA_VISIBLE_DEVICES), or cluster.gpus."""
+    visible = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if config.gpus is None:
+        devices = visible
+    else:
+        missing = [i for i in config.gpus if i >= len(visible)]
+        if missing:
+            raise ClusterError(
+                f"cluster.gpus={config.gpus} names GPU {missing[0]} but only {len(visible)} are visible "
+                "(indices count the GPUs left by CUDA_VISIBLE_DEVICES). Fix: use indices "
+                f"0..{len(visible) - 1} or drop cluster.gpus."
+            )
+        devices = [visible[i] for i in config.gpus]
+    strategy = tf.distribute.MirroredStrategy(devices)
+    return ClusterInfo(
+        strategy=strategy,
+        kind="gpu",
+        num_replicas=strategy.num_replicas_in_sync,
+        num_hosts=1,
+        devices=tuple(strategy.extended.worker_devices),
+        memory=_memory(devices),
+        source="cluster.gpus" if config.gpus is not None else "visible GPUs",
+    )
+
+
+def _memory(devices: list[str]) -> dict[str, dict[str, int]] | None:
+    """Memory in use per device, where TF can tell (GPUs); None otherwise."""
+    memory = {}
+    for device in devices:
+        try:
+            memory[device] = dict(tf.config.experimental.get_memory_info(device))
+        except (ValueError, RuntimeError, tf.errors.OpError):
+            return None
+    return memory or None
+
+
+def _cpu(config: ClusterConfig) -> ClusterInfo:
+    """The default strategy, or a MirroredStrategy over cluster.cpu_replicas logical CPUs."""
+    if config.cpu_replicas == 1:
+        strategy = tf.distribute.get_strategy()
+        first_cpu = tf.config.list_logical_devices("CPU")[0].name
+        return ClusterInfo(strategy=strategy, kind="cpu", num_replicas=1, num_hosts=1,
+                           devices=(first_cpu,))
+    strategy = tf.distribute.MirroredStrategy(logical_cpus(config.cpu_replicas))
+    return ClusterInfo(
+        strategy=strategy,
+        kind="cpu",
+        num_replicas=strategy.num_replicas_in_sync,
+        num_hosts=1,
+        devices=tuple(strategy.extended.worker_devices),
+        source="cluster.cpu_replicas",
+    )
+
+
+def logical_cpus(count: int) -> list[str]:
+    """Names of `count` logical CPU devices, splitting the CPU if TensorFlow has not started yet."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu)
+    if configured is not None and len(configured) != count:
+        raise ClusterError(
+            f"cluster.cpu_replicas={count}, but the CPU was already split into {len(configured)} "
+            "logical devices by an earlier tf.config.set_logical_device_configuration call. Fix: set "
+            f"cluster.cpu_replicas={len(configured)}, or remove the earlier split."
+        )
+    if configured is None:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+            )
+        except RuntimeError:
+            raise ClusterError(
+                f"cluster.cpu_replicas={count} needs {count} logical CPU devices, but TensorFlow was "
+                "already initialized with 1 (a TensorFlow op ran before resolve()). Fix: call "
+                "tpu_pipeline.cluster.resolve() at program start, before any other TensorFlow op, "
+                "or set cluster.cpu_replicas=1."
+            ) from None
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
