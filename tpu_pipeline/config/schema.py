@@ -1,10 +1,12 @@
-"""The whole config: one strict section per layer (data now; cluster, model, train as they land)."""
+"""The whole config: one strict section per layer."""
 from __future__ import annotations
 
 from typing import Optional
 
 from tpu_pipeline.config.base import StrictModel
+from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.config.model import ModelConfig
 
 
 class Config(StrictModel):
@@ -13,3 +15,5 @@ class Config(StrictModel):
     imports: list[str] = []
     data: Optional[DataConfig] = None
     eval_data: Optional[DataConfig] = None
+    cluster: ClusterConfig = ClusterConfig()
+    model: ModelConfig = ModelConfig()

@@ -1,0 +1,150 @@
+"""The `model` config section: which network, which Keras, and how it is compiled.
+
+One section per architecture and per optimizer family keeps every knob typed. A knob that the
+chosen architecture/optimizer would not read is an error when set explicitly (never silently
+ignored), e.g. `model.resnet.width` with `model.architecture: mlp`.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+import pydantic
+
+from tpu_pipeline.config.base import StrictModel, validate
+from tpu_pipeline.errors import ConfigError
+
+KerasName = Literal["tf_keras", "keras3"]
+Precision = Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"]
+Fraction = pydantic.confloat(ge=0.0, lt=1.0)
+
+
+def _refuse_unused(config: pydantic.BaseModel, where: str, owners: dict[str, tuple[str, ...]],
+                   chosen_key: str, chosen: str) -> None:
+    """Raises when a field set explicitly is read only by a choice other than `chosen`."""
+    for field, used_by in owners.items():
+        if field in config.model_fields_set and chosen not in used_by:
+            raise ConfigError(
+                f"{where}.{field} is set but {where}.{chosen_key} is {chosen!r}, which does not use "
+                f"it (only {', '.join(used_by)} does); remove {where}.{field} or change "
+                f"{where}.{chosen_key}"
+            )
+
+
+class MlpConfig(StrictModel):
+    """Fully connected network; image inputs are flattened first."""
+
+    hidden_units: list[pydantic.PositiveInt] = [256, 256]
+    dropout: Fraction = 0.0
+
+
+class CnnConfig(StrictModel):
+    """Small CNN: per entry of `filters`, conv3x3 → BN → ReLU → 2x2 max-pool; then global pool."""
+
+    filters: list[pydantic.PositiveInt] = pydantic.Field([32, 64, 128], min_length=1)
+    dropout: Fraction = 0.0
+
+
+class ResNetConfig(StrictModel):
+    """ResNet (v1.5 style). Depth = blocks per stage; stage i has width * 2**i filters."""
+
+    blocks_per_stage: list[pydantic.PositiveInt] = pydantic.Field(
+        [2, 2, 2], min_length=1, description="e.g. [3, 4, 6, 3] with bottleneck blocks is ResNet-50"
+    )
+    width: pydantic.PositiveInt = pydantic.Field(16, description="filters of the first stage")
+    block: Literal["basic", "bottleneck"] = "basic"
+    stem: Literal["small", "imagenet"] = pydantic.Field(
+        "small", description="small: conv3x3 (CIFAR-size images); imagenet: conv7x7/2 + maxpool/2"
+    )
+
+
+class BatchNormConfig(StrictModel):
+    """Batch norm of the cnn/resnet. synchronized=True averages batch statistics over replicas."""
+
+    synchronized: bool = pydantic.Field(
+        False, description="cross-replica statistics; worth it when the per-replica batch is small"
+    )
+    momentum: pydantic.confloat(gt=0.0, lt=1.0) = 0.9
+    epsilon: pydantic.PositiveFloat = 1e-5
+
+
+class OptimizerConfig(StrictModel):
+    """Optimizer. weight_decay is decoupled (scaled by the learning rate); norms/biases are exempt."""
+
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    momentum: pydantic.confloat(ge=0.0, lt=1.0) = 0.9
+    nesterov: bool = False
+    beta_1: pydantic.confloat(ge=0.0, lt=1.0) = 0.9
+    beta_2: pydantic.confloat(ge=0.0, lt=1.0) = 0.999
+    epsilon: pydantic.PositiveFloat = 1e-7
+    weight_decay: Optional[pydantic.NonNegativeFloat] = pydantic.Field(
+        None, description="None: 0 for sgd/adam, 0.004 (Keras's AdamW default) for adamw"
+    )
+    global_clipnorm: Optional[pydantic.PositiveFloat] = None
+
+    @pydantic.model_validator(mode="after")
+    def _check_unused(self) -> "OptimizerConfig":
+        _refuse_unused(
+            self, "model.optimizer",
+            {"momentum": ("sgd",), "nesterov": ("sgd",), "beta_1": ("adam", "adamw"),
+             "beta_2": ("adam", "adamw"), "epsilon": ("adam", "adamw")},
+            "name", self.name,
+        )
+        return self
+
+
+class ScheduleConfig(StrictModel):
+    """Learning rate: linear warm-up from 0 to `learning_rate`, then cosine decay or constant."""
+
+    name: Literal["cosine", "constant"] = "cosine"
+    learning_rate: pydantic.PositiveFloat = pydantic.Field(0.1, description="peak, reached after warm-up")
+    warmup_epochs: pydantic.NonNegativeFloat = 0.0
+    final_fraction: pydantic.confloat(ge=0.0, le=1.0) = pydantic.Field(
+        0.0, description="cosine only: the last step's rate as a fraction of learning_rate"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _check_unused(self) -> "ScheduleConfig":
+        _refuse_unused(self, "model.schedule", {"final_fraction": ("cosine",)}, "name", self.name)
+        return self
+
+
+class ModelConfig(StrictModel):
+    """Everything `tpu_pipeline.model.build_model` needs besides the strategy and the input spec."""
+
+    keras: KerasName = pydantic.Field(
+        "tf_keras",
+        description="tf_keras works with TPUStrategy and steps_per_execution under MirroredStrategy; "
+        "keras3 refuses steps_per_execution>1 with several replicas (it fails in fit there)",
+    )
+    architecture: Literal["mlp", "cnn", "resnet"] = "resnet"
+    mlp: MlpConfig = MlpConfig()
+    cnn: CnnConfig = CnnConfig()
+    resnet: ResNetConfig = ResNetConfig()
+    batch_norm: BatchNormConfig = BatchNormConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    loss: Literal["sparse_categorical_crossentropy", "categorical_crossentropy"] = pydantic.Field(
+        "sparse_categorical_crossentropy",
+        description="sparse: integer labels; categorical: one-hot labels. Both from logits",
+    )
+    label_smoothing: Fraction = pydantic.Field(0.0, description="categorical_crossentropy only")
+    steps_per_execution: Union[pydantic.PositiveInt, Literal["auto"]] = pydantic.Field(
+        "auto", description="auto: 32 on TPU (capped at steps_per_epoch), 1 elsewhere"
+    )
+    precision: Precision = pydantic.Field(
+        "auto", description="auto: mixed_bfloat16 on TPU, float32 elsewhere; mixed_float16 on GPU only"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _check_unused(self) -> "ModelConfig":
+        # The per-architecture blocks (mlp, cnn, resnet, batch_norm) may all be present, so that
+        # `model.architecture=cnn` can switch a config that also describes a resnet.
+        _refuse_unused(
+            self, "model", {"label_smoothing": ("categorical_crossentropy",)}, "loss", self.loss
+        )
+        return self
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], prefix: str = "model") -> "ModelConfig":
+        """Validates plain data (e.g. the `model:` YAML section), raising ConfigError on mistakes."""
+        return validate(cls, data, prefix)

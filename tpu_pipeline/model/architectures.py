@@ -1,0 +1,132 @@
+"""Networks from config: an MLP, a small CNN and a ResNet. Uncompiled; logits out, in float32.
+
+Each builder takes the Keras module (`keras_backend.get_keras`) so the same code builds for
+tf_keras or Keras 3. The last Dense layer has dtype float32, so under a mixed policy the logits
+(and the softmax inside the loss) stay in float32.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+from tpu_pipeline.config.model import BatchNormConfig, ModelConfig
+from tpu_pipeline.errors import ConfigError
+
+
+def _norm(keras: ModuleType, bn: BatchNormConfig, name: str, zero_init: bool = False) -> Any:
+    """BatchNorm with the configured statistics; zero gamma on a residual branch's last norm."""
+    return keras.layers.BatchNormalization(
+        momentum=bn.momentum,
+        epsilon=bn.epsilon,
+        synchronized=bn.synchronized,
+        gamma_initializer="zeros" if zero_init else "ones",
+        name=name,
+    )
+
+
+def _conv(keras: ModuleType, filters: int, size: int, stride: int, name: str) -> Any:
+    return keras.layers.Conv2D(
+        filters, size, strides=stride, padding="same", use_bias=False,
+        kernel_initializer="he_normal", name=name,
+    )
+
+
+def _logits(keras: ModuleType, x: Any, num_classes: int) -> Any:
+    return keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+
+
+def _require_image(config: ModelConfig, input_shape: Sequence[int]) -> None:
+    if len(input_shape) != 3:
+        raise ConfigError(
+            f"model.architecture: {config.architecture!r} needs image inputs [height, width, channels], "
+            f"but input_shape is {list(input_shape)}; use architecture 'mlp' for flat features"
+        )
+
+
+def build_mlp(keras: ModuleType, config: ModelConfig, inputs: Any, num_classes: int) -> Any:
+    x = keras.layers.Flatten(name="flatten")(inputs) if len(inputs.shape) > 2 else inputs
+    for i, units in enumerate(config.mlp.hidden_units):
+        x = keras.layers.Dense(units, activation="relu", name=f"dense_{i}")(x)
+        if config.mlp.dropout:
+            x = keras.layers.Dropout(config.mlp.dropout, name=f"dropout_{i}")(x)
+    return _logits(keras, x, num_classes)
+
+
+def build_cnn(keras: ModuleType, config: ModelConfig, inputs: Any, num_classes: int) -> Any:
+    x = inputs
+    for i, filters in enumerate(config.cnn.filters):
+        x = _conv(keras, filters, 3, 1, name=f"conv_{i}")(x)
+        x = _norm(keras, config.batch_norm, name=f"bn_{i}")(x)
+        x = keras.layers.ReLU(name=f"relu_{i}")(x)
+        x = keras.layers.MaxPooling2D(2, padding="same", name=f"pool_{i}")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="global_pool")(x)
+    if config.cnn.dropout:
+        x = keras.layers.Dropout(config.cnn.dropout, name="dropout")(x)
+    return _logits(keras, x, num_classes)
+
+
+def _residual_block(keras: ModuleType, config: ModelConfig, x: Any, filters: int, stride: int,
+                    name: str) -> Any:
+    """Basic (3x3, 3x3) or bottleneck (1x1, 3x3/stride, 1x1 x4) block, projection when shapes change."""
+    bn = config.batch_norm
+    bottleneck = config.resnet.block == "bottleneck"
+    out_filters = filters * 4 if bottleneck else filters
+    shortcut = x
+    if stride != 1 or x.shape[-1] != out_filters:
+        shortcut = _conv(keras, out_filters, 1, stride, name=f"{name}_proj")(x)
+        shortcut = _norm(keras, bn, name=f"{name}_proj_bn")(shortcut)
+    if bottleneck:
+        plan = [(filters, 1, 1), (filters, 3, stride), (out_filters, 1, 1)]
+    else:
+        plan = [(filters, 3, stride), (filters, 3, 1)]
+    y = x
+    for j, (f, size, s) in enumerate(plan):
+        last = j == len(plan) - 1
+        y = _conv(keras, f, size, s, name=f"{name}_conv{j}")(y)
+        y = _norm(keras, bn, name=f"{name}_bn{j}", zero_init=last)(y)
+        if not last:
+            y = keras.layers.ReLU(name=f"{name}_relu{j}")(y)
+    y = keras.layers.Add(name=f"{name}_add")([shortcut, y])
+    return keras.layers.ReLU(name=f"{name}_out")(y)
+
+
+def build_resnet(keras: ModuleType, config: ModelConfig, inputs: Any, num_classes: int) -> Any:
+    cfg = config.resnet
+    if cfg.stem == "imagenet":
+        x = _conv(keras, cfg.width, 7, 2, name="stem_conv")(inputs)
+    else:
+        x = _conv(keras, cfg.width, 3, 1, name="stem_conv")(inputs)
+    x = _norm(keras, config.batch_norm, name="stem_bn")(x)
+    x = keras.layers.ReLU(name="stem_relu")(x)
+    if cfg.stem == "imagenet":
+        x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
+    for stage, blocks in enumerate(cfg.blocks_per_stage):
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            x = _residual_block(keras, config, x, cfg.width * 2**stage, stride, f"stage{stage}_block{block}")
+    x = keras.layers.GlobalAveragePooling2D(name="global_pool")(x)
+    return _logits(keras, x, num_classes)
+
+
+ARCHITECTURES: dict[str, Callable[[ModuleType, ModelConfig, Any, int], Any]] = {
+    "mlp": build_mlp,
+    "cnn": build_cnn,
+    "resnet": build_resnet,
+}
+
+
+def build_network(keras: ModuleType, config: ModelConfig, input_shape: Sequence[int],
+                  num_classes: int) -> Any:
+    """Builds the uncompiled functional model named by `config.architecture`.
+
+    Call it inside `strategy.scope()` and the dtype policy you want (build_model does both).
+    """
+    if num_classes < 2:
+        raise ConfigError(f"num_classes: a classifier needs at least 2 classes, got {num_classes}")
+    if not input_shape or any(not isinstance(d, int) or d <= 0 for d in input_shape):
+        raise ConfigError(f"input_shape: needs positive static sizes (no batch dimension), got {list(input_shape)}")
+    if config.architecture != "mlp":
+        _require_image(config, input_shape)
+    inputs = keras.Input(shape=tuple(int(d) for d in input_shape), name="inputs")
+    outputs = ARCHITECTURES[config.architecture](keras, config, inputs, num_classes)
+    return keras.Model(inputs, outputs, name=config.architecture)

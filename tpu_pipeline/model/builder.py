@@ -1,0 +1,117 @@
+"""`build_model`: the network, optimizer, schedule, loss and metrics, compiled under a strategy.
+
+The model layer receives the strategy, the accelerator kind and the input spec from its caller;
+it never reads data or finds devices itself (pipeline and cluster are other layers).
+"""
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Any, Optional, Sequence
+
+import tensorflow as tf
+
+from tpu_pipeline.config.model import ModelConfig
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.model.architectures import build_network
+from tpu_pipeline.model.keras_backend import get_keras, global_policy, is_keras3
+from tpu_pipeline.model.optimizers import build_optimizer
+from tpu_pipeline.model.precision import check_kind, resolve_precision
+from tpu_pipeline.model.schedules import build_schedule
+
+logger = logging.getLogger(__name__)
+
+TPU_STEPS_PER_EXECUTION = 32  # Enough host→TPU round trips saved; small enough for responsive logs.
+
+
+def resolve_steps_per_execution(config: ModelConfig, kind: str, num_replicas: int,
+                                steps_per_epoch: Optional[int]) -> int:
+    """'auto' → 32 on TPU (at most steps_per_epoch), else 1; guards the Keras 3 failure.
+
+    Keras 3.15 with several replicas and steps_per_execution > 1 fails inside fit (measured under
+    MirroredStrategy; TPUStrategy has open reports). An explicit value is refused with a
+    ConfigError; 'auto' falls back to 1 with a warning.
+    """
+    check_kind(kind)
+    value = config.steps_per_execution
+    explicit = value != "auto"
+    if not explicit:
+        value = TPU_STEPS_PER_EXECUTION if kind == "tpu" else 1
+    if steps_per_epoch is not None and value > steps_per_epoch:
+        # More steps per call than an epoch has would make Keras truncate anyway; say so.
+        if explicit:
+            logger.warning("model.steps_per_execution=%d exceeds steps_per_epoch=%d; using %d",
+                           value, steps_per_epoch, steps_per_epoch)
+        value = max(1, steps_per_epoch)
+    if config.keras == "keras3" and value > 1 and (num_replicas > 1 or kind == "tpu"):
+        if explicit:
+            raise ConfigError(
+                f"model.steps_per_execution: {value} with model.keras=keras3 and {num_replicas} replicas "
+                f"({kind}) fails inside Keras 3's fit; use model.keras: tf_keras (recommended on TPU) "
+                "or model.steps_per_execution: 1"
+            )
+        logger.warning(
+            "model.keras=keras3 with %d replicas (%s): steps_per_execution 'auto' set to 1 instead of "
+            "%d, because Keras 3 fails in fit with more; use model.keras: tf_keras for the speed-up",
+            num_replicas, kind, value,
+        )
+        value = 1
+    return int(value)
+
+
+def _loss_and_metrics(keras: ModuleType, config: ModelConfig) -> tuple[Any, list[Any]]:
+    if config.loss == "categorical_crossentropy":
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
+        return loss, [keras.metrics.CategoricalAccuracy(name="accuracy")]
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return loss, [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
+
+def build_model(
+    config: ModelConfig,
+    *,
+    strategy: tf.distribute.Strategy,
+    kind: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    steps_per_epoch: Optional[int],
+    epochs: int,
+) -> Any:
+    """Builds and compiles the configured model inside `strategy.scope()`.
+
+    Args:
+      config: the `model` config section.
+      strategy: from the cluster layer; variables are created under its scope.
+      kind: 'tpu' | 'gpu' | 'cpu' | 'multi-worker'; picks precision and steps_per_execution.
+      input_shape: one example's shape without the batch dimension, e.g. [32, 32, 3] or [16].
+      num_classes: width of the logits.
+      steps_per_epoch: training steps per epoch (sizes the schedule); None only with a constant
+        schedule without warm-up.
+      epochs: training epochs (the schedule ends at the last one).
+
+    Returns:
+      A compiled `tf_keras.Model` (a `keras.Model` when config.keras is 'keras3').
+    """
+    keras = get_keras(config.keras)
+    precision = resolve_precision(config.precision, kind)
+    num_replicas = strategy.num_replicas_in_sync
+    steps_per_execution = resolve_steps_per_execution(config, kind, num_replicas, steps_per_epoch)
+    if is_keras3(keras) and kind == "tpu":
+        logger.warning("model.keras=keras3 under TPUStrategy has open Keras issues; tf_keras is the tested path")
+    if config.batch_norm.synchronized and num_replicas == 1 and config.architecture != "mlp":
+        logger.info("model.batch_norm.synchronized with 1 replica is the same as plain batch norm")
+
+    with global_policy(keras, precision), strategy.scope():
+        model = build_network(keras, config, input_shape, num_classes)
+        schedule = build_schedule(keras, config.schedule, steps_per_epoch, epochs)
+        optimizer = build_optimizer(keras, config.optimizer, schedule)
+        loss, metrics = _loss_and_metrics(keras, config)
+        model.compile(
+            optimizer=optimizer, loss=loss, metrics=metrics, steps_per_execution=steps_per_execution
+        )
+    logger.info(
+        "model %s: %d parameters, %s, precision %s, steps_per_execution %d, %d replica(s) (%s)",
+        config.architecture, model.count_params(), keras.__name__, precision, steps_per_execution,
+        num_replicas, kind,
+    )
+    return model
