@@ -5,9 +5,10 @@ A TpuPipelineError is printed as one clear message (exit 2), never as a stack tr
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -18,35 +19,32 @@ from tpu_pipeline.errors import TpuPipelineError  # noqa: E402
 
 flags.DEFINE_string("config", None, "YAML config file (local or gs://). Without it, the built-in demo config.")
 
-Command = Callable[[Sequence[str]], int]
+# name → (module, help). A command module is imported only when it runs, so each command
+# defines only its own absl flags and a broken optional dependency breaks only its command.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("tpu_pipeline.commands.demo", "build the demo input pipeline and print its throughput"),
+    "train": ("tpu_pipeline.commands.train", "train and evaluate a model from a config (the main job)"),
+    "convert": ("tpu_pipeline.commands.convert", "convert an image folder, CSV/NumPy or TFDS dataset to TFRecord shards"),
+}
 
 
-def _commands() -> dict[str, tuple[str, Command]]:
-    from tpu_pipeline.commands import demo
-
-    return {
-        "demo": ("build the demo input pipeline and print its throughput", demo.run),
-    }
-
-
-def _usage(commands: dict[str, tuple[str, Command]]) -> str:
+def _usage() -> str:
     lines = ["usage: tpu-pipeline COMMAND [--config FILE] [--flags] [key=value ...]", "", "commands:"]
-    lines += [f"  {name:10s} {help_text}" for name, (help_text, _) in commands.items()]
+    lines += [f"  {name:10s} {help_text}" for name, (_, help_text) in COMMANDS.items()]
     lines += ["", "Run `tpu-pipeline COMMAND --helpfull` for a command's flags."]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
-    commands = _commands()
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
-        print(_usage(commands))
+        print(_usage())
         sys.exit(0 if len(argv) >= 2 else 2)
     name = argv.pop(1)
-    if name not in commands:
-        print(f"tpu-pipeline: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
+    if name not in COMMANDS:
+        print(f"tpu-pipeline: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         sys.exit(2)
-    _, command = commands[name]
+    command = importlib.import_module(COMMANDS[name][0]).run
 
     def run(args: Sequence[str]) -> None:
         try:
