@@ -102,3 +102,24 @@ def test_register_op_and_refuse_duplicates():
     assert op("times_two_test")({"x": tf.constant(3)})["x"].numpy() == 6
     with pytest.raises(ValueError, match="already registered"):
         register_op("times_two_test")(times_two)
+
+
+def test_validating_a_config_does_not_initialize_tensorflow():
+    """Config validation builds every op; none may start the TF runtime (see ops/image.py)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import tensorflow as tf\n"
+        "from tpu_pipeline.config import load_config\n"
+        "load_config('configs/imagenet_resnet.yaml'); load_config('configs/demo.yaml')\n"
+        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+        "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+        "print(len(tf.config.list_logical_devices('CPU')))\n"
+    )
+    import os
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "2"

@@ -1,5 +1,8 @@
 """Built-in image ops: decode, fused decode-and-crop for JPEG, resize, crop, flip, normalize, cast.
 
+Factories must not run TensorFlow ops: they run when a config is validated, which may be before
+the cluster layer splits the CPU into logical devices (only possible before TF initializes).
+
 The fused JPEG ops decode only the crop window (`tf.image.decode_and_crop_jpeg`), which is the
 cheapest way to get a random-resized crop on the host CPU (the trick of tensorflow/tpu's ResNet
 input). Random ops use stateless TF randomness with the per-element seed the pipeline provides.
@@ -55,10 +58,10 @@ def decode_and_random_crop_jpeg(
     """Random-resized crop fused with JPEG decoding: only the crop window is decoded, then resized."""
     height, width = size_pair(size, "decode_and_random_crop_jpeg")
     _check_method(method, "decode_and_random_crop_jpeg")
-    whole_image = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
 
     def fn(features, seed=None):
         data = feature(features, key, "decode_and_random_crop_jpeg")
+        whole_image = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
         shape = tf.image.extract_jpeg_shape(data)
         begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
             shape,
@@ -156,14 +159,14 @@ def normalize(
     key: str = "image",
 ):
     """(image - mean) / std in float32, per channel or scalar (defaults: ImageNet on a 0..255 scale)."""
-    mean_t = tf.constant(mean, tf.float32)
-    std_t = tf.constant(std, tf.float32)
-    if bool(tf.reduce_any(std_t <= 0)):
+    # Plain Python here: a factory runs at config validation, before TensorFlow may be initialized
+    # (the cluster layer must still be able to split the CPU into logical devices).
+    if any(value <= 0 for value in (std if isinstance(std, (list, tuple)) else [std])):
         raise ConfigError(f"op 'normalize': std must be positive, got {std!r}")
 
     def fn(features, seed=None):
         image = tf.cast(feature(features, key, "normalize"), tf.float32)
-        return {**features, key: (image - mean_t) / std_t}
+        return {**features, key: (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)}
 
     return fn
 
