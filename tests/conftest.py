@@ -33,3 +33,9 @@ def eight_replica_strategy(cpu_devices) -> tf.distribute.Strategy:
     strategy = tf.distribute.MirroredStrategy(cpu_devices)
     assert strategy.num_replicas_in_sync == NUM_LOGICAL_CPUS
     return strategy
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory) -> str:
+    """One cache directory for the built-in demo set, shared by every test that runs the demo."""
+    return str(tmp_path_factory.mktemp("demo_cache"))

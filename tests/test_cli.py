@@ -19,12 +19,6 @@ def cli(*args: str, cache_dir: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory) -> str:
-    """One demo dataset for the whole session (written by the first command that needs it)."""
-    return str(tmp_path_factory.mktemp("demo_cache"))
-
-
 def test_demo_builds_the_pipeline_and_prints_throughput(demo_cache):
     result = cli("demo", "--steps", "20", "--warmup", "2", cache_dir=demo_cache)
     assert result.returncode == 0, result.stderr[-3000:]

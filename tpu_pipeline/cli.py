@@ -45,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"tpu-pipeline: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         sys.exit(2)
     command = importlib.import_module(COMMANDS[name][0]).run
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("WARNING")  # TF's own INFO lines (checkpoint sharding, ...) drown ours
 
     def run(args: Sequence[str]) -> None:
         try:

@@ -7,6 +7,7 @@ from tpu_pipeline.config.base import StrictModel
 from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.config.model import ModelConfig
+from tpu_pipeline.config.train import TrainConfig
 
 
 class Config(StrictModel):
@@ -17,3 +18,4 @@ class Config(StrictModel):
     eval_data: Optional[DataConfig] = None
     cluster: ClusterConfig = ClusterConfig()
     model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()

@@ -1,0 +1,38 @@
+"""The `train` config section: how long to train, where the run lives, what to log and save."""
+from __future__ import annotations
+
+from typing import Optional
+
+import pydantic
+
+from tpu_pipeline.config.base import StrictModel
+
+
+class TrainConfig(StrictModel):
+    run_dir: str = pydantic.Field(
+        "runs/demo", description="checkpoints, TensorBoard logs and metrics.json; reuse it to resume"
+    )
+    epochs: pydantic.PositiveInt = 10
+    steps_per_epoch: Optional[pydantic.PositiveInt] = pydantic.Field(
+        None, description="None: the number of full global batches in one pass over the training data"
+    )
+    eval_steps: Optional[pydantic.PositiveInt] = pydantic.Field(None, description="None: the whole eval set")
+    eval_every_epochs: pydantic.PositiveInt = 1
+    num_classes: Optional[pydantic.PositiveInt] = pydantic.Field(
+        None, description="None: from the dataset's metadata (class_names)"
+    )
+    max_checkpoints: pydantic.PositiveInt = 3
+    log_every_steps: pydantic.PositiveInt = 10
+    tensorboard: bool = True
+    profile_steps: Optional[tuple[pydantic.PositiveInt, pydantic.PositiveInt]] = pydantic.Field(
+        None, description="[first, last] training step to trace with the TensorFlow profiler"
+    )
+    seed: Optional[int] = pydantic.Field(None, description="seeds TF's global random state (model init)")
+
+    @pydantic.model_validator(mode="after")
+    def _check_profile(self) -> "TrainConfig":
+        if self.profile_steps and self.profile_steps[0] > self.profile_steps[1]:
+            from tpu_pipeline.errors import ConfigError
+
+            raise ConfigError(f"train.profile_steps: first step must not be after the last, got {list(self.profile_steps)}")
+        return self

@@ -1,0 +1,172 @@
+"""The training job: cluster → pipelines → model → fit with checkpoints → eval → metrics.json.
+
+The only layer that ties the others together. Resumes from the newest checkpoint in
+`train.run_dir` (model, optimizer with its step counter, epoch). The input position is not part
+of the checkpoint yet: a resumed run starts a fresh pass over the (shuffled) data.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+from absl import logging
+
+from tpu_pipeline.cluster import ClusterInfo, resolve
+from tpu_pipeline.config import Config
+from tpu_pipeline.config.data import DataConfig, TFRecordSourceConfig
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.model import build_model, tf_keras
+from tpu_pipeline.pipeline import Pipeline, list_files
+from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
+from tpu_pipeline.train.callbacks import EpochCheckpoint, ProgressLogger
+
+Printer = Callable[[str], None]
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def count_examples(data: DataConfig) -> int:
+    """Records in the training files (one fast pass; set train.steps_per_epoch to skip it)."""
+    if not isinstance(data.source, TFRecordSourceConfig):
+        raise ConfigError("train.steps_per_epoch: set it explicitly for this source type")
+    files = list_files(data.source.files)
+    dataset = tf.data.TFRecordDataset(files, compression_type=data.source.compression, num_parallel_reads=8)
+    return int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1).numpy())
+
+
+def full_batches(data: DataConfig, section: str) -> int:
+    """Full global batches in one pass (what drop_remainder delivers); an empty pass is an error."""
+    examples = count_examples(data)
+    steps = examples // data.batch_size
+    if steps == 0:
+        raise ConfigError(f"{section}.batch_size={data.batch_size} is larger than its {examples} examples; lower it")
+    return steps
+
+
+def steps_per_epoch(config: Config) -> int:
+    return config.train.steps_per_epoch or full_batches(config.data, "data")
+
+
+def eval_steps(config: Config) -> int:
+    """Keras needs a step count for a distributed eval set: one full pass unless train.eval_steps says less."""
+    return config.train.eval_steps or full_batches(config.eval_data, "eval_data")
+
+
+def num_classes(config: Config) -> int:
+    if config.train.num_classes:
+        return config.train.num_classes
+    raise ConfigError("train.num_classes: not set, and the data has no metadata with class names; set it")
+
+
+def _training_data(config: Config) -> DataConfig:
+    """Training needs an endless stream (Keras counts epochs by steps_per_epoch)."""
+    if config.data.repeat != "forever":
+        logging.info("data.repeat=%s: training repeats the data forever; epochs are train.steps_per_epoch long", config.data.repeat)
+        return config.data.model_copy(update={"repeat": "forever"})
+    return config.data
+
+
+def _element_shape(pipeline: Pipeline) -> list[int]:
+    spec = pipeline.build().element_spec
+    if not isinstance(spec, tuple):
+        raise ConfigError("data.outputs: training needs (inputs, targets); set data.outputs {inputs: ..., targets: ...}")
+    inputs = spec[0]
+    if not isinstance(inputs, tf.TensorSpec):
+        raise ConfigError("data.outputs.inputs: the built-in models take one input tensor; name one feature")
+    return inputs.shape.as_list()[1:]
+
+
+def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Printer = _print) -> dict[str, Any]:
+    """Runs (or resumes) training and evaluation; returns what it writes to run_dir/metrics.json."""
+    if config.data is None:
+        raise ConfigError("the config has no 'data' section: training needs one (and usually eval_data)")
+    cluster = cluster or resolve(config.cluster)
+    printer(cluster.describe())
+    if config.train.seed is not None:
+        tf_keras.utils.set_random_seed(config.train.seed)
+    run_dir = config.train.run_dir
+    tf.io.gfile.makedirs(run_dir)
+
+    train_data = _training_data(config)
+    target = "tpu" if cluster.kind == "tpu" else "cpu"
+    train_pipeline = Pipeline.from_config(train_data, target=target)
+    input_shape = _element_shape(train_pipeline)
+    steps = steps_per_epoch(config)
+    epochs = config.train.epochs
+    meter = InputWaitMeter()
+    train_dataset = cluster.strategy.distribute_datasets_from_function(
+        lambda context: metered(train_pipeline.build(context), meter)
+    )
+    eval_dataset, validation_steps = None, None
+    if config.eval_data is not None:
+        eval_dataset = Pipeline.from_config(config.eval_data, target=target).distribute(cluster.strategy)
+        validation_steps = eval_steps(config)
+
+    model = build_model(
+        config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=input_shape,
+        num_classes=num_classes(config), steps_per_epoch=steps, epochs=epochs,
+    )
+    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=epoch)
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=config.train.max_checkpoints)
+    resumed_from = 0
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint)
+        resumed_from = int(model.optimizer.iterations.numpy())
+        printer(f"resumed from {manager.latest_checkpoint}: step {resumed_from}, epoch {int(epoch.numpy())}")
+    initial_epoch = int(epoch.numpy())
+
+    progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, steps * epochs, printer)
+    callbacks: list[Any] = [progress, EpochCheckpoint(manager, epoch, printer)]
+    if config.train.tensorboard:
+        profile = tuple(config.train.profile_steps) if config.train.profile_steps else 0
+        callbacks.append(tf_keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=profile))
+    history: dict[str, list[float]] = {}
+    started = time.perf_counter()
+    if initial_epoch < epochs:
+        printer(f"training {epochs - initial_epoch} epoch(s) of {steps} steps, global batch {config.data.batch_size}")
+        result = model.fit(
+            train_dataset, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+            validation_data=eval_dataset, validation_steps=validation_steps,
+            validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
+        )
+        history = result.history
+    train_seconds = time.perf_counter() - started
+
+    metrics: dict[str, Any] = {
+        "steps": int(model.optimizer.iterations.numpy()),
+        "epochs": epochs,
+        "steps_per_epoch": steps,
+        "global_batch_size": config.data.batch_size,
+        "resumed_from_step": resumed_from,
+        "loss": history["loss"][-1] if history.get("loss") else None,
+        "accuracy": history["accuracy"][-1] if history.get("accuracy") else None,
+        "examples_per_sec": progress.examples_per_second(),
+        "input_wait_fraction": progress.input_wait_fraction(),
+        "train_seconds": train_seconds,
+        "cluster": {"kind": cluster.kind, "replicas": cluster.num_replicas, "hosts": cluster.num_hosts},
+        "history": {name: [float(v) for v in values] for name, values in history.items()},
+    }
+    if eval_dataset is not None:
+        evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
+        metrics["eval_loss"] = float(evaluation["loss"])
+        metrics["eval_accuracy"] = float(evaluation["accuracy"])
+    write_metrics(run_dir, metrics)
+    printer("final: " + ", ".join(
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items() if k not in ("cluster", "history")
+    ))
+    return metrics
+
+
+def write_metrics(run_dir: str, metrics: dict[str, Any]) -> str:
+    """metrics.json, via a temporary file so a reader never sees half of it."""
+    path = os.path.join(run_dir, "metrics.json")
+    with tf.io.gfile.GFile(path + ".tmp", "w") as handle:
+        handle.write(json.dumps(metrics, indent=2, sort_keys=True))
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    return path
