@@ -6,7 +6,10 @@ import re
 
 import pydantic
 
+from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.config.model import ModelConfig
+from tpu_pipeline.config.train import TrainConfig
 from tpu_pipeline.ops import registered_ops
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
@@ -29,6 +32,14 @@ def test_every_data_key_is_documented():
     text = open(README).read()
     documented = set(re.findall(r"`(data\.[a-z_.]+)`", text))
     assert keys(DataConfig, "data") <= documented, sorted(keys(DataConfig, "data") - documented)
+
+
+def test_every_cluster_model_and_train_key_is_documented():
+    text = open(README).read()
+    documented = set(re.findall(r"`((?:cluster|model|train)\.[a-z_0-9.]+)`", text))
+    for model, prefix in [(ClusterConfig, "cluster"), (ModelConfig, "model"), (TrainConfig, "train")]:
+        expected = keys(model, prefix)
+        assert expected <= documented, sorted(expected - documented)
 
 
 def test_every_builtin_op_is_documented():

@@ -1,0 +1,39 @@
+"""Notebooks run top to bottom on CPU (small step counts), as a Colab user would run them."""
+from __future__ import annotations
+
+import os
+
+import nbformat
+from nbclient import NotebookClient
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def execute(name: str, tmp_path) -> nbformat.NotebookNode:
+    """Runs every cell in a fresh kernel (which inherits this process's environment) in tmp_path."""
+    notebook = nbformat.read(os.path.join(REPO, "notebooks", name), as_version=4)
+    client = NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    return notebook
+
+
+def outputs(notebook: nbformat.NotebookNode) -> tuple[str, list[str]]:
+    text, mimes = [], []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            text.append(output.get("text", "") + str(output.get("data", {}).get("text/plain", "")))
+            mimes.extend(output.get("data", {}).keys())
+    return "\n".join(text), mimes
+
+
+def test_quickstart_runs_top_to_bottom(tmp_path, monkeypatch, demo_cache):
+    monkeypatch.setenv("TPU_PIPELINE_NOTEBOOK_QUICK", "1")
+    monkeypatch.setenv("TPU_PIPELINE_CACHE", demo_cache)
+    notebook = execute("quickstart.ipynb", tmp_path)
+    text, mimes = outputs(notebook)
+    assert "cluster: cpu" in text
+    assert "TensorSpec(shape=(128, 64, 64, 3)" in text
+    assert "image/png" in mimes, "the batch of images was not shown"
+    assert "input pipeline:" in text and "examples/s" in text
+    assert "'steps': 4" in text and "eval_accuracy" in text
+    assert (tmp_path / "runs" / "notebook" / "metrics.json").exists()
