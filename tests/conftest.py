@@ -29,8 +29,14 @@ def cpu_devices() -> list[str]:
 
 @pytest.fixture(scope="session")
 def eight_replica_strategy(cpu_devices) -> tf.distribute.Strategy:
-    """A real MirroredStrategy with 8 replicas over the logical CPUs."""
-    strategy = tf.distribute.MirroredStrategy(cpu_devices)
+    """A real MirroredStrategy with 8 replicas over the logical CPUs.
+
+    Taken from the resolver, which keeps one strategy per device set: a second MirroredStrategy
+    over the same devices in this process would collide with the first's collective keys.
+    """
+    from tpu_pipeline.cluster.resolver import mirrored_strategy
+
+    strategy = mirrored_strategy(cpu_devices)
     assert strategy.num_replicas_in_sync == NUM_LOGICAL_CPUS
     return strategy
 

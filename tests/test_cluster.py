@@ -443,3 +443,10 @@ def test_config_defaults_and_good_values():
     }
     config = validate(ClusterConfig, {"accelerator": "tpu", "tpu": " grpc://10.0.0.2:8470 ", "tpu_zone": "us-central2-b"})
     assert (config.tpu, config.tpu_zone) == ("grpc://10.0.0.2:8470", "us-central2-b")
+
+
+def test_resolving_twice_reuses_one_mirrored_strategy(eight_replica_strategy):
+    """A second MirroredStrategy over the same devices would collide with the first's collectives."""
+    first = resolve(ClusterConfig(cpu_replicas=8))
+    second = resolve(ClusterConfig(cpu_replicas=8))
+    assert first.strategy is second.strategy is eight_replica_strategy

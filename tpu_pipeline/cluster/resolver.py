@@ -226,7 +226,7 @@ def _gpu(config: ClusterConfig) -> ClusterInfo:
                 f"0..{len(visible) - 1} or drop cluster.gpus."
             )
         devices = [visible[i] for i in config.gpus]
-    strategy = tf.distribute.MirroredStrategy(devices)
+    strategy = mirrored_strategy(devices)
     return ClusterInfo(
         strategy=strategy,
         kind="gpu",
@@ -256,7 +256,7 @@ def _cpu(config: ClusterConfig) -> ClusterInfo:
         first_cpu = tf.config.list_logical_devices("CPU")[0].name
         return ClusterInfo(strategy=strategy, kind="cpu", num_replicas=1, num_hosts=1,
                            devices=(first_cpu,))
-    strategy = tf.distribute.MirroredStrategy(logical_cpus(config.cpu_replicas))
+    strategy = mirrored_strategy(logical_cpus(config.cpu_replicas))
     return ClusterInfo(
         strategy=strategy,
         kind="cpu",
@@ -265,6 +265,22 @@ def _cpu(config: ClusterConfig) -> ClusterInfo:
         devices=tuple(strategy.extended.worker_devices),
         source="cluster.cpu_replicas",
     )
+
+
+_MIRRORED: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
+
+
+def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
+    """One MirroredStrategy per device set per process.
+
+    Two strategies over the same devices number their collective all-reduces alike, so the second
+    one's first all-reduce can meet a cached one of the first with another shape ("Shape mismatch
+    in the collective instance 100"). Re-running a notebook cell that resolves must not do that.
+    """
+    key = tuple(devices)
+    if key not in _MIRRORED:
+        _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices))
+    return _MIRRORED[key]
 
 
 def logical_cpus(count: int) -> list[str]:
