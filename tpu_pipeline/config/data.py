@@ -17,12 +17,16 @@ IntOrAutotune = Union[pydantic.PositiveInt, Literal["autotune"]]
 
 
 class TFRecordSourceConfig(StrictModel):
-    """TFRecord files by glob (local or any tf.io.gfile scheme such as gs://)."""
+    """TFRecord files by glob (local or any tf.io.gfile scheme such as gs://), or a converted dataset dir."""
 
     type: Literal["tfrecord"] = "tfrecord"
-    files: Union[str, list[str]] = pydantic.Field(
-        description="glob pattern(s), comma-separated or a list; e.g. gs://bucket/train-*.tfrecord"
+    files: Union[str, list[str], None] = pydantic.Field(
+        None, description="glob pattern(s), comma-separated or a list; e.g. gs://bucket/train-*.tfrecord"
     )
+    dir: Optional[str] = pydantic.Field(
+        None, description="a directory written by `tpu-pipeline convert`: files, features, counts from its metadata.json"
+    )
+    split: Optional[str] = pydantic.Field(None, description="with dir: which split to read (default train)")
     compression: Literal["", "GZIP", "ZLIB"] = ""
     shuffle_files: bool = True
     file_seed: int = pydantic.Field(
@@ -37,6 +41,49 @@ class TFRecordSourceConfig(StrictModel):
         8 * 1024 * 1024, description="read buffer per file in bytes (large reads are cheap on GCS)"
     )
 
+    @pydantic.model_validator(mode="after")
+    def _files_or_dir(self, info: pydantic.ValidationInfo) -> "TFRecordSourceConfig":
+        prefix = f"{(info.context or {}).get('prefix', 'data')}.source"
+        if (self.files is None) == (self.dir is None):
+            raise ConfigError(
+                f"{prefix}: give exactly one of files (a glob of TFRecord files) or dir (a directory written by "
+                f"`tpu-pipeline convert`){'; both are set' if self.files is not None else ''}"
+            )
+        if self.split is not None and self.dir is None:
+            raise ConfigError(f"{prefix}.split: only with {prefix}.dir (with files, the glob chooses the split)")
+        return self
+
+
+class TFDSSourceConfig(StrictModel):
+    """A TensorFlow Datasets dataset prepared in data_dir, read with tfds.ReadConfig per input pipeline."""
+
+    type: Literal["tfds"] = "tfds"
+    name: str = pydantic.Field(description="TFDS name, e.g. mnist, mnist:3.0.1, imagenet2012/subset")
+    data_dir: Optional[str] = None
+    split: str = pydantic.Field("train", description="a TFDS split spec, e.g. train, train[:90%], test")
+    as_supervised: bool = pydantic.Field(False, description="keep only the two supervised features, by their names")
+    features: Optional[dict[str, str]] = pydantic.Field(
+        None, description="output name → TFDS feature path ('objects/label'): selects and renames features"
+    )
+    skip_decoding: list[str] = pydantic.Field(
+        [], description="features (images) to keep as encoded bytes, for the fused decode-and-crop ops"
+    )
+    shuffle_files: bool = True
+    file_seed: int = pydantic.Field(0, description="ReadConfig.shuffle_seed; identical on every host")
+    sharding: Literal["auto", "file", "element", "off"] = "auto"
+    interleave_cycle_length: IntOrAutotune = 16
+    interleave_block_length: pydantic.PositiveInt = 1
+
+    @pydantic.model_validator(mode="after")
+    def _one_selection(self, info: pydantic.ValidationInfo) -> "TFDSSourceConfig":
+        prefix = f"{(info.context or {}).get('prefix', 'data')}.source"
+        if self.as_supervised and self.features:
+            raise ConfigError(
+                f"{prefix}: as_supervised and features both choose the features; use one "
+                "(features can also rename, e.g. {image: image, label: label})"
+            )
+        return self
+
 
 class ArraySourceConfig(StrictModel):
     """In-memory arrays (from_tensor_slices), from a .npz file in YAML or from Python directly."""
@@ -46,7 +93,7 @@ class ArraySourceConfig(StrictModel):
     sharding: Literal["auto", "element", "off"] = "auto"
 
 
-SourceConfig = Union[TFRecordSourceConfig, ArraySourceConfig]
+SourceConfig = Union[TFRecordSourceConfig, ArraySourceConfig, TFDSSourceConfig]
 
 
 class FeatureConfig(StrictModel):
@@ -143,10 +190,15 @@ class DataConfig(StrictModel):
                         f"would freeze one draw for every epoch. Move it to {prefix}.augment (which runs "
                         f"after the cache) or set {prefix}.cache.enabled=false."
                     )
-        if isinstance(self.source, TFRecordSourceConfig) and not self.features:
+        if isinstance(self.source, TFRecordSourceConfig) and not self.features and self.source.dir is None:
             raise ConfigError(
                 f"{prefix}.features: a tfrecord source needs a feature spec, e.g. "
-                "{image: {dtype: string}, label: {dtype: int64}}"
+                "{image: {dtype: string}, label: {dtype: int64}} (or use source.dir, whose metadata.json holds it)"
+            )
+        if isinstance(self.source, TFDSSourceConfig) and self.features:
+            raise ConfigError(
+                f"{prefix}.features: a tfds source yields decoded features, there is nothing to parse; remove "
+                f"{prefix}.features (select or rename features with {prefix}.source.features)"
             )
         return self
 

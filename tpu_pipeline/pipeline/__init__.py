@@ -1,16 +1,19 @@
 """Composable tf.data stages and the Pipeline that builds them per input pipeline. No Keras here."""
 from tpu_pipeline.pipeline.builder import Pipeline, build_dataset, source_from_config, stages_from_config
+from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource, DatasetInfo, dataset_info
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import feature_spec, make_parser
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource, choose_sharding, list_files
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WithOptions, per_replica_batch_size,
 )
+from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible, tpu_problems
 
 __all__ = [
-    "ArraySource", "Batch", "Cache", "MapFeatures", "Pipeline", "Prefetch", "Repeat", "Shuffle",
-    "TFRecordSource", "ToOutputs", "WithOptions", "build_dataset", "check_tpu_compatible",
-    "choose_sharding", "feature_spec", "list_files", "make_options", "make_parser",
+    "ArraySource", "Batch", "Cache", "DatasetDirSource", "DatasetInfo", "MapFeatures", "Pipeline", "Prefetch",
+    "Repeat", "Shuffle",
+    "TFDSSource", "TFRecordSource", "ToOutputs", "WithOptions", "build_dataset", "check_tpu_compatible",
+    "choose_sharding", "dataset_info", "feature_spec", "list_files", "make_options", "make_parser",
     "per_replica_batch_size", "source_from_config", "stages_from_config", "tpu_problems",
 ]

@@ -18,17 +18,19 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFRecordSourceConfig
+from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.ops import get_op
+from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource, dir_features
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WithOptions,
 )
+from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
 
-Source = Union[TFRecordSource, ArraySource]
+Source = Union[TFRecordSource, DatasetDirSource, TFDSSource, ArraySource]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,12 @@ class Pipeline:
 
 def source_from_config(config: DataConfig) -> Source:
     src = config.source
+    if isinstance(src, TFRecordSourceConfig) and src.dir is not None:
+        return DatasetDirSource(
+            dir=src.dir, split=src.split or "train", shuffle_files=src.shuffle_files, file_seed=src.file_seed,
+            sharding=src.sharding, cycle_length=src.cycle_length, block_length=src.block_length,
+            num_parallel_calls=src.num_parallel_calls, deterministic=src.deterministic, buffer_size=src.buffer_size,
+        )
     if isinstance(src, TFRecordSourceConfig):
         return TFRecordSource(
             files=src.files, compression=src.compression, shuffle_files=src.shuffle_files,
@@ -74,6 +82,8 @@ def source_from_config(config: DataConfig) -> Source:
             block_length=src.block_length, num_parallel_calls=src.num_parallel_calls,
             deterministic=src.deterministic, buffer_size=src.buffer_size,
         )
+    if isinstance(src, TFDSSourceConfig):
+        return TFDSSource.from_config(src)  # decoded feature dicts: no parse step follows
     assert isinstance(src, ArraySourceConfig)
     return ArraySource.from_npz(src.path, sharding=src.sharding)
 
@@ -84,7 +94,11 @@ def _ops(config_ops) -> tuple[list, list[bool]]:
 
 
 def stages_from_config(config: DataConfig) -> list[Any]:
-    parse = make_parser(config.features) if config.features and isinstance(config.source, TFRecordSourceConfig) else None
+    parse = None
+    if isinstance(config.source, TFRecordSourceConfig):
+        # A converted dataset's metadata.json holds the spec when the config gives none.
+        features = config.features or (dir_features(config.source.dir) if config.source.dir else {})
+        parse = make_parser(features) if features else None
     pre_ops, pre_random = _ops(config.preprocess)
     aug_ops, aug_random = _ops(config.augment)
     map_args = dict(seed=config.seed, num_parallel_calls=config.num_parallel_calls, deterministic=config.options.deterministic)

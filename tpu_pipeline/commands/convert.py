@@ -1,0 +1,118 @@
+"""`tpu-pipeline convert`: real data → sharded TFRecords + metadata.json, in one command.
+
+    tpu-pipeline convert --from image-folder path/to/images/ --out gs://bucket/ds/ --splits train=0.9,validation=0.1
+    tpu-pipeline convert --from csv data.csv --out ds/
+    tpu-pipeline convert --from numpy arrays.npz --out ds/
+    tpu-pipeline convert --from tfds mnist --data_dir ~/tensorflow_datasets --out ds/
+
+Then point a config at the result: `data.source: {type: tfrecord, dir: ds/, split: train}`.
+Running the same command again after an interruption finishes the work.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from absl import flags
+
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.records.convert import ConvertOptions, ConvertSource, convert
+
+SOURCES = ("image-folder", "csv", "numpy", "tfds")
+
+# 'from' is a Python keyword: the flag is read as FLAGS["from"].value.
+flags.DEFINE_enum("from", None, list(SOURCES), "what the input is: an image folder (one sub-folder per class), "
+                  "a CSV file with a header, a .npz file, or the name of a prepared TFDS dataset")
+flags.DEFINE_string("out", None, "output directory for the shards and metadata.json (local or gs://)")
+flags.DEFINE_string("data_dir", None, "tfds: the data_dir where the dataset is prepared")
+flags.DEFINE_string("splits", None, "image-folder/csv/numpy: 'train' or fractions 'train=0.9,validation=0.1' "
+                    "(default train); tfds: 'train,test' or 'train,validation=test' (default: every split)")
+flags.DEFINE_float("target_shard_mb", 150.0, "target shard size in MB (the TFRecord guidance: 100-200 MB)")
+flags.DEFINE_integer("min_shards", 8, "never fewer shards per split than this (at least one per host reading them)")
+flags.DEFINE_enum("compression", "none", ["none", "GZIP", "ZLIB"], "TFRecord compression", case_sensitive=False)
+flags.DEFINE_enum("on_error", "raise", ["raise", "skip"], "an unreadable image or row: stop (raise) or skip it, "
+                  "counting and listing it in metadata.json")
+flags.DEFINE_integer("workers", 0, "threads that read and encode examples (0 = one per core)")
+flags.DEFINE_enum("reencode", "none", ["none", "jpeg", "png"], "image-folder/numpy: re-encode images "
+                  "(default: keep the original bytes)")
+flags.DEFINE_integer("jpeg_quality", 95, "quality for --reencode=jpeg")
+flags.DEFINE_boolean("overwrite", False, "replace a finished dataset (or stray shards) already in --out")
+flags.DEFINE_integer("seed", 0, "seed of the example order and of the split assignment")
+flags.DEFINE_boolean("shuffle", True, "shuffle the examples before sharding (an image folder lists one class after another)")
+flags.DEFINE_string("label_column", "label", "csv/numpy: the label column or array (string labels become class ids)")
+flags.DEFINE_list("class_names", None, "csv/numpy: class names in id order (default: sorted distinct string labels)")
+flags.DEFINE_string("columns", None, "csv: column types, e.g. 'age:int64,height:float32,city:string' (default: inferred)")
+flags.DEFINE_list("features", None, "tfds: the features to keep (default: all)")
+flags.DEFINE_boolean("progress", True, "show a progress bar")
+FLAGS = flags.FLAGS
+
+
+def make_source(kind: str, target: str) -> ConvertSource:
+    """The source for --from, built from the flags (each module imported only when used)."""
+    reencode = "" if FLAGS.reencode == "none" else FLAGS.reencode
+    splits = FLAGS.splits or "train"
+    if kind == "image-folder":
+        from tpu_pipeline.records.image_folder import ImageFolderSource
+
+        return ImageFolderSource(target, splits, FLAGS.seed, FLAGS.shuffle, reencode, FLAGS.jpeg_quality)
+    tabular: dict[str, Any] = dict(
+        splits=splits, seed=FLAGS.seed, shuffle=FLAGS.shuffle, label_column=FLAGS.label_column,
+        require_label=FLAGS["label_column"].present, class_names=FLAGS.class_names,
+    )
+    if kind == "csv":
+        from tpu_pipeline.records.csv_source import CsvSource, parse_columns
+
+        return CsvSource(target, columns=parse_columns(FLAGS.columns) if FLAGS.columns else None, **tabular)
+    if kind == "numpy":
+        from tpu_pipeline.records.numpy_source import NumpySource
+
+        return NumpySource(target, reencode=reencode, jpeg_quality=FLAGS.jpeg_quality, **tabular)
+    from tpu_pipeline.records.tfds_reader import TFDSConvertSource
+
+    return TFDSConvertSource(target, FLAGS.data_dir, FLAGS.splits, FLAGS.features)
+
+
+def run(overrides: Sequence[str]) -> int:
+    kind = FLAGS["from"].value
+    if kind is None:
+        raise ConfigError(f"--from is required: one of {', '.join(SOURCES)}")
+    if len(overrides) != 1:
+        what = "the TFDS dataset name" if kind == "tfds" else "the input path"
+        raise ConfigError(f"convert takes exactly one positional argument, {what} (given: {list(overrides)})")
+    if not FLAGS.out:
+        raise ConfigError("--out is required: the directory to write the shards and metadata.json to")
+    options = ConvertOptions(
+        target_shard_mb=FLAGS.target_shard_mb, min_shards=FLAGS.min_shards,
+        compression="" if FLAGS.compression.lower() == "none" else FLAGS.compression.upper(),
+        on_error=FLAGS.on_error, workers=FLAGS.workers, overwrite=FLAGS.overwrite, progress=FLAGS.progress,
+    )
+    if kind == "image-folder" and "://" not in FLAGS.out + overrides[0]:
+        inside = os.path.abspath(os.path.expanduser(FLAGS.out)) + os.sep
+        if inside.startswith(os.path.abspath(os.path.expanduser(overrides[0])).rstrip(os.sep) + os.sep):
+            raise ConfigError("--out must not be inside the image folder: its sub-folders are the classes")
+    source = make_source(kind, overrides[0])
+    result = convert(source, FLAGS.out, options)
+    print(summary(result.metadata, result.out_dir, result.shards_written, result.shards_reused, result.already_complete))
+    return 0
+
+
+def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, already_complete: bool) -> str:
+    """What was written, what was skipped, and the config lines that read it."""
+    if already_complete:
+        lines = [f"{out_dir} already holds this dataset (metadata.json); nothing to do."]
+    else:
+        lines = [f"wrote {written} shard(s)" + (f", kept {reused} from the interrupted run" if reused else "") + f" in {out_dir}"]
+    for split, entry in metadata["splits"].items():
+        megabytes = sum(entry["bytes"]) / 2**20
+        lines.append(f"  {split}: {entry['num_examples']} examples in {len(entry['files'])} shard(s), {megabytes:.1f} MB")
+        if entry.get("num_skipped"):
+            lines.append(f"    skipped {entry['num_skipped']} unreadable item(s) (all listed in metadata.json):")
+            lines += [f"      {s['where']}: {s['reason']}" for s in entry["skipped"][:20]]
+            if entry["num_skipped"] > 20:
+                lines.append(f"      ... and {entry['num_skipped'] - 20} more")
+    if metadata.get("class_names"):
+        names = metadata["class_names"]
+        lines.append(f"  classes ({len(names)}): {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
+    split = next(iter(metadata["splits"]))
+    lines.append(f"read it with:  data.source: {{type: tfrecord, dir: {out_dir}, split: {split}}}")
+    return "\n".join(lines)
