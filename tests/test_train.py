@@ -28,8 +28,7 @@ def small_demo(tmp_path_factory) -> str:
 
 def small_overrides(data_dir: str, run_dir: str) -> list[str]:
     return [
-        f"data.source.files={data_dir}/train-*.tfrecord",
-        f"eval_data.source.files={data_dir}/validation-*.tfrecord",
+        f"data.source.dir={data_dir}", f"eval_data.source.dir={data_dir}",
         "data.preprocess.1.size=32", "eval_data.preprocess.1.size=32",
         "data.batch_size=64", "eval_data.batch_size=64",
         f"train.run_dir={run_dir}", "train.log_every_steps=4",
@@ -131,5 +130,10 @@ def test_training_config_errors_name_the_key(small_demo, tmp_path):
     config = load_config(DEMO_CONFIG, small_overrides(small_demo, str(tmp_path)) + ["data.outputs=null"])
     with pytest.raises(ConfigError, match="data.outputs"):
         train(config, cluster=resolve(ClusterConfig()), printer=lambda line: None)
+    glob_only = load_config(DEMO_CONFIG, small_overrides(small_demo, str(tmp_path)) + [
+        "data.source.dir=null", "data.source.split=null", f"data.source.files={small_demo}/train-*.tfrecord",
+    ])
+    with pytest.raises(ConfigError, match=r"train.num_classes: not set"):
+        train(glob_only, cluster=resolve(ClusterConfig()), printer=lambda line: None)
     with pytest.raises(ConfigError, match=r"train.profile_steps"):
         load_config(DEMO_CONFIG, ["train.profile_steps=[9, 3]"])

@@ -13,10 +13,7 @@ DEMO_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs_
 def demo_overrides(cache_dir: Optional[str] = None, **dataset_args: int) -> list[str]:
     """Writes the demo set if needed; overrides that point the demo config's sources at it."""
     out_dir = ensure_demo_dataset(cache_dir, **dataset_args)
-    return [
-        f"data.source.files={os.path.join(out_dir, 'train-*.tfrecord')}",
-        f"eval_data.source.files={os.path.join(out_dir, 'validation-*.tfrecord')}",
-    ]
+    return [f"data.source.dir={out_dir}", f"eval_data.source.dir={out_dir}"]
 
 
 def demo_config(overrides: Sequence[str] = (), cache_dir: Optional[str] = None, **dataset_args: int) -> Config:

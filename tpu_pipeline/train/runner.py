@@ -20,6 +20,7 @@ from tpu_pipeline.config.data import DataConfig, TFRecordSourceConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline, list_files
+from tpu_pipeline.pipeline.dataset_dir import dataset_info
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train.callbacks import EpochCheckpoint, ProgressLogger
 
@@ -31,9 +32,13 @@ def _print(line: str) -> None:
 
 
 def count_examples(data: DataConfig) -> int:
-    """Records in the training files (one fast pass; set train.steps_per_epoch to skip it)."""
-    if not isinstance(data.source, TFRecordSourceConfig):
-        raise ConfigError("train.steps_per_epoch: set it explicitly for this source type")
+    """Exact example count: from the dataset's metadata when it has one, else one fast pass over the files."""
+    known = dataset_info(data).num_examples
+    if known is not None:
+        return known
+    if not isinstance(data.source, TFRecordSourceConfig) or not data.source.files:
+        raise ConfigError("train.steps_per_epoch: the source cannot tell its size; set it explicitly")
+    logging.info("counting the records of %s (set train.steps_per_epoch to skip this)", data.source.files)
     files = list_files(data.source.files)
     dataset = tf.data.TFRecordDataset(files, compression_type=data.source.compression, num_parallel_reads=8)
     return int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1).numpy())
@@ -58,9 +63,14 @@ def eval_steps(config: Config) -> int:
 
 
 def num_classes(config: Config) -> int:
-    if config.train.num_classes:
-        return config.train.num_classes
-    raise ConfigError("train.num_classes: not set, and the data has no metadata with class names; set it")
+    """train.num_classes, else the number of class names in the dataset's metadata."""
+    known = config.train.num_classes or dataset_info(config.data).num_classes
+    if known is None:
+        raise ConfigError(
+            "train.num_classes: not set, and the data has no metadata with class names "
+            "(use data.source.dir with a converted dataset, or set train.num_classes)"
+        )
+    return known
 
 
 def _training_data(config: Config) -> DataConfig:
