@@ -47,3 +47,36 @@ def data_config(files: str, **overrides) -> dict:
     for key, value in overrides.items():
         config[key] = value
     return config
+
+
+def small_examples(values: np.ndarray):
+    """Serialized tf.Examples like the W2 benchmark: 16 floats (a row of `values`), a label and an id."""
+    for index in range(len(values)):
+        feature = {
+            "features": tf.train.Feature(float_list=tf.train.FloatList(value=values[index].tolist())),
+            "label": int_feature(index % 3),
+            "id": int_feature(index),
+        }
+        yield tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_small_shards(directory: str, num: int, num_shards: int) -> tuple[str, np.ndarray]:
+    """Writes the shards; returns their glob and the float rows by id (to check parsed values)."""
+    values = np.random.default_rng(0).normal(size=(num, 16)).astype(np.float32)
+    write_split(small_examples(values), str(directory), "train", num_shards)
+    return os.path.join(str(directory), "train-*.tfrecord"), values
+
+
+def small_config(files: str, **overrides) -> dict:
+    config = {
+        "source": {"type": "tfrecord", "files": files, "cycle_length": 4, "deterministic": True},
+        "features": {"features": {"dtype": "float32", "shape": [16]}, "label": {"dtype": "int64"}, "id": {"dtype": "int64"}},
+        "augment": [{"op": "cast", "key": "label", "dtype": "int32"}, {"op": "cast", "key": "id", "dtype": "int32"}],
+        "shuffle": {"buffer_size": 1000, "seed": 3},
+        "repeat": 1,
+        "batch_size": 64,
+        "drop_remainder": False,
+        "options": {"deterministic": True},
+    }
+    config.update(overrides)
+    return config

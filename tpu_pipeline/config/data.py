@@ -35,10 +35,17 @@ class TFRecordSourceConfig(StrictModel):
     sharding: Literal["auto", "file", "element", "off"] = "auto"
     cycle_length: IntOrAutotune = 16
     block_length: pydantic.PositiveInt = 1
-    num_parallel_calls: IntOrAutotune = AUTOTUNE
+    num_parallel_calls: Union[pydantic.NonNegativeInt, Literal["autotune"]] = pydantic.Field(
+        AUTOTUNE, description="parallel file readers; 0 reads in the consumer's thread"
+    )
     deterministic: Optional[bool] = None
-    buffer_size: pydantic.NonNegativeInt = pydantic.Field(
-        8 * 1024 * 1024, description="read buffer per file in bytes (large reads are cheap on GCS)"
+    buffer_size: Union[pydantic.NonNegativeInt, Literal["auto"]] = pydantic.Field(
+        "auto", description="read buffer per file in bytes; auto: 8 MiB for remote files (gs://: large "
+        "reads hide latency), 256 KiB for local ones (a big buffer only evicts records from cache)"
+    )
+    record_batch: Union[pydantic.NonNegativeInt, Literal["auto"]] = pydantic.Field(
+        "auto", description="records per block moved through the interleave (0: single records); "
+        "auto: 256 when the pipeline parses whole batches, else 0"
     )
 
     @pydantic.model_validator(mode="after")
@@ -170,7 +177,13 @@ class DataConfig(StrictModel):
     outputs: Optional[OutputsConfig] = None
     prefetch: Union[pydantic.NonNegativeInt, Literal["autotune"]] = AUTOTUNE
     seed: Optional[int] = pydantic.Field(None, description="seed of the per-element augmentation seeds")
-    num_parallel_calls: IntOrAutotune = AUTOTUNE
+    parse: Literal["auto", "per_example", "batched"] = pydantic.Field(
+        "auto", description="batched: batch serialized records, then parse and run the ops on whole "
+        "batches (needs every op batchable); auto: batched when possible and there is no cache"
+    )
+    num_parallel_calls: Union[pydantic.PositiveInt, Literal["autotune", "auto"]] = pydantic.Field(
+        "auto", description="parallel calls of the preprocessing map; auto: the cores this process may use"
+    )
     options: OptionsConfig = OptionsConfig()
 
     @pydantic.model_validator(mode="after")

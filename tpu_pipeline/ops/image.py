@@ -152,7 +152,7 @@ def random_flip(key: str = "image", direction: str = "horizontal"):
     return fn
 
 
-@register_op("normalize")
+@register_op("normalize", batchable=True)
 def normalize(
     mean: float | Sequence[float] = (0.485 * 255, 0.456 * 255, 0.406 * 255),
     std: float | Sequence[float] = (0.229 * 255, 0.224 * 255, 0.225 * 255),
@@ -171,7 +171,7 @@ def normalize(
     return fn
 
 
-@register_op("value_range")
+@register_op("value_range", batchable=True)
 def value_range(min: float = -1.0, max: float = 1.0, key: str = "image", in_min: float = 0.0, in_max: float = 255.0):
     """Maps [in_min, in_max] linearly onto [min, max] in float32 (big_vision's value_range)."""
     if in_max <= in_min:
@@ -185,7 +185,7 @@ def value_range(min: float = -1.0, max: float = 1.0, key: str = "image", in_min:
     return fn
 
 
-@register_op("cast")
+@register_op("cast", batchable=True)
 def cast(dtype: str = "bfloat16", key: str = "image"):
     """Casts a feature, e.g. images to bfloat16 on the host (halves host→TPU bytes) or labels to int32."""
     target = _dtype(dtype, "cast")

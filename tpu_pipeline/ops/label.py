@@ -10,7 +10,7 @@ from tpu_pipeline.ops._util import feature
 from tpu_pipeline.ops.registry import register_op
 
 
-@register_op("onehot")
+@register_op("onehot", batchable=True)
 def onehot(depth: int, key: str = "label", on_value: float = 1.0, off_value: float = 0.0):
     """Integer class ids to float32 one-hot vectors of length `depth`."""
     if not isinstance(depth, int) or depth < 1:
@@ -23,7 +23,7 @@ def onehot(depth: int, key: str = "label", on_value: float = 1.0, off_value: flo
     return fn
 
 
-@register_op("keep")
+@register_op("keep", batchable=True)
 def keep(keys: Sequence[str]):
     """Keeps only these features (drop file names and other strings a TPU cannot take)."""
     if isinstance(keys, str) or not keys:

@@ -26,6 +26,7 @@ class RegisteredOp:
     name: str
     factory: Callable[..., OpFn]
     random: bool
+    batchable: bool = False  # works unchanged on a batch of features (lets the pipeline batch, then parse)
 
     def parameters(self) -> list[str]:
         return list(inspect.signature(self.factory).parameters)
@@ -55,17 +56,20 @@ class RegisteredOp:
 _REGISTRY: dict[str, RegisteredOp] = {}
 
 
-def register_op(name: str, *, random: bool = False, replace: bool = False) -> Callable:
+def register_op(name: str, *, random: bool = False, batchable: bool = False, replace: bool = False) -> Callable:
     """Decorator: `@register_op("my_op")` makes a factory usable by name in configs.
 
     Mark ops whose output depends on randomness with `random=True`: the pipeline then passes them a
     per-element stateless seed, and refuses to cache their output (a cache would freeze it).
+    Mark ops that work element-wise on a whole batch with `batchable=True`: when every op of a
+    pipeline is, it batches serialized records first and parses and transforms whole batches
+    (one thread crossing per batch instead of per record: ~10x faster for small records).
     """
 
     def decorator(factory: Callable[..., OpFn]) -> Callable[..., OpFn]:
         if name in _REGISTRY and not replace:
             raise ValueError(f"op '{name}' is already registered; pass replace=True to override it")
-        _REGISTRY[name] = RegisteredOp(name=name, factory=factory, random=random)
+        _REGISTRY[name] = RegisteredOp(name=name, factory=factory, random=random, batchable=batchable)
         return factory
 
     return decorator

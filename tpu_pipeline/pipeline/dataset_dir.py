@@ -86,7 +86,15 @@ class DatasetDirSource:
     block_length: int = 1
     num_parallel_calls: Any = "autotune"
     deterministic: Optional[bool] = None
-    buffer_size: int = 8 * 1024 * 1024
+    buffer_size: Any = "auto"
+    record_batch: int = 0
+
+    @property
+    def compression(self) -> str:
+        return read_dataset_metadata(self.dir).get("compression", "")
+
+    def tfrecord_files(self) -> list[str]:
+        return list(self.tfrecord_source()[0].files)
 
     def tfrecord_source(self) -> tuple[TFRecordSource, int]:
         metadata, entry = load_dataset_dir(self.dir, self.split)
@@ -96,7 +104,7 @@ class DatasetDirSource:
             files=files, compression=metadata.get("compression", ""), shuffle_files=self.shuffle_files,
             file_seed=self.file_seed, sharding=self.sharding, cycle_length=self.cycle_length,
             block_length=self.block_length, num_parallel_calls=self.num_parallel_calls,
-            deterministic=self.deterministic, buffer_size=self.buffer_size,
+            deterministic=self.deterministic, buffer_size=self.buffer_size, record_batch=self.record_batch,
         )
         return source, int(entry["num_examples"])
 

@@ -20,13 +20,17 @@ def feature_spec(features: Mapping[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def make_parser(features: Mapping[str, Any]) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
-    """Returns fn(serialized) → dict of dense tensors (VarLen features densified)."""
+def make_parser(features: Mapping[str, Any], batched: bool = False) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+    """Returns fn(serialized) → dict of dense tensors (VarLen features densified).
+
+    batched=True parses a whole vector of records with one `parse_example` call.
+    """
     spec = feature_spec(features)
     defaults = {name: f.default for name, f in features.items()}
+    parse_fn = tf.io.parse_example if batched else tf.io.parse_single_example
 
     def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-        parsed = tf.io.parse_single_example(serialized, spec)
+        parsed = parse_fn(serialized, spec)
         for name, value in parsed.items():
             if isinstance(value, tf.SparseTensor):
                 default = defaults[name]

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tpu_pipeline.pipeline._common import AUTOTUNE, tune
+from tpu_pipeline.pipeline._common import AUTOTUNE, read_buffer, tune
 from tpu_pipeline.errors import ConfigError, DataError
 
 
@@ -72,10 +72,15 @@ class TFRecordSource:
     block_length: int = 1
     num_parallel_calls: Union[int, str] = "autotune"
     deterministic: Optional[bool] = None
-    buffer_size: int = 8 * 1024 * 1024
+    buffer_size: Union[int, str] = "auto"
+    record_batch: int = 0
+
+    def tfrecord_files(self) -> list[str]:
+        return list_files(self.files)
 
     def build(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
         files = list_files(self.files)
+        buffer = read_buffer(self.buffer_size, files[0])
         mode = choose_sharding(self.sharding, len(files), context.num_input_pipelines)
         dataset = tf.data.Dataset.from_tensor_slices(files)
         if self.shuffle_files:
@@ -93,17 +98,27 @@ class TFRecordSource:
         if cycle != AUTOTUNE:
             cycle = max(1, min(cycle, num_files_here))
         dataset = dataset.interleave(
-            lambda path: tf.data.TFRecordDataset(
-                path, compression_type=self.compression, buffer_size=self.buffer_size
-            ),
+            lambda path: self._read_file(path, buffer),
             cycle_length=cycle,
             block_length=self.block_length,
-            num_parallel_calls=tune(self.num_parallel_calls),
+            num_parallel_calls=None if self.num_parallel_calls == 0 else tune(self.num_parallel_calls),
             deterministic=deterministic,
         )
+        if self.record_batch:
+            dataset = dataset.unbatch()
         if mode == "element":
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
         return dataset
+
+
+    def _read_file(self, path: tf.Tensor, buffer: int) -> tf.data.Dataset:
+        """One file's records; with record_batch, in blocks of that many (unbatched after the interleave).
+
+        tf.data's cost is per element crossing threads: moving blocks of records through the
+        parallel interleave instead of single records cuts that cost by the block size.
+        """
+        records = tf.data.TFRecordDataset(path, compression_type=self.compression, buffer_size=buffer)
+        return records.batch(self.record_batch) if self.record_batch else records
 
 
 @dataclasses.dataclass(frozen=True)

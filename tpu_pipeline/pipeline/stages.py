@@ -61,10 +61,13 @@ class MapFeatures:
             fn = self.transform
         else:
             fn = lambda element: self.transform(element)  # noqa: E731
+        calls = tune(self.num_parallel_calls)
         return dataset.map(
             fn,
-            num_parallel_calls=tune(self.num_parallel_calls),
-            deterministic=self.deterministic,
+            # One call at a time runs in the consumer's thread: a parallel map of one would hand
+            # every element to another thread and back, which costs more than a cheap op.
+            num_parallel_calls=None if calls == 1 else calls,
+            deterministic=None if calls == 1 else self.deterministic,
             name=self.name,
         )
 

@@ -1,0 +1,72 @@
+"""Record batching and batch-then-parse must deliver exactly what per-example parsing delivers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_pipeline.config import config_from_dict
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import parse_mode, record_block
+
+from helpers import small_config, write_small_shards
+
+N = 3000
+
+
+def examples(files: str, context=None, **overrides) -> dict[int, tuple]:
+    config = config_from_dict({"data": small_config(files, **overrides)}).data
+    seen: dict[int, tuple] = {}
+    for batch in Pipeline.from_config(config).build(context):
+        for row, label, example_id in zip(batch["features"].numpy(), batch["label"].numpy(), batch["id"].numpy()):
+            assert int(example_id) not in seen, f"id {example_id} delivered twice"
+            seen[int(example_id)] = (tuple(row.tolist()), int(label))
+    return seen
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_small_shards(tmp_path_factory.mktemp("small"), N, num_shards=4)
+
+
+def test_auto_picks_batch_then_parse_with_record_blocks(shards):
+    files, _ = shards
+    config = config_from_dict({"data": small_config(files)}).data
+    assert parse_mode(config) == "batched" and record_block(config) == 256
+    with_flip = config_from_dict({"data": small_config(files, augment=[{"op": "random_flip", "key": "features"}])}).data
+    assert parse_mode(with_flip) == "per_example" and record_block(with_flip) == 0
+    cached = config_from_dict({"data": small_config(files, cache={"enabled": True})}).data
+    assert parse_mode(cached) == "per_example"
+
+
+@pytest.mark.parametrize("parse, record_batch", [("batched", 256), ("batched", 0), ("per_example", 64), ("batched", 7)])
+def test_same_examples_as_per_example_parsing(shards, parse, record_batch):
+    files, values = shards
+    reference = examples(files, parse="per_example", source={**small_config(files)["source"], "record_batch": 0})
+    assert sorted(reference) == list(range(N))
+    assert all(np.allclose(reference[i][0], values[i]) and reference[i][1] == i % 3 for i in range(N))
+    candidate = examples(files, parse=parse, source={**small_config(files)["source"], "record_batch": record_batch})
+    assert candidate == reference
+
+
+def test_batched_pipelines_split_exactly_across_input_pipelines(shards):
+    files, _ = shards
+    parts = [examples(files, tf.distribute.InputContext(2, i, 2)) for i in range(2)]
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(set(parts[0]) | set(parts[1])) == list(range(N))
+
+
+def test_batched_output_shapes_and_dtypes(shards):
+    files, _ = shards
+    config = config_from_dict({"data": small_config(files, drop_remainder=True, outputs={"inputs": "features", "targets": "label"})}).data
+    features, labels = next(iter(Pipeline.from_config(config, target="tpu").build()))
+    assert features.shape == (64, 16) and features.dtype == tf.float32
+    assert labels.shape == (64,) and labels.dtype == tf.int32
+
+
+def test_batched_parse_refuses_per_example_ops(shards):
+    files, _ = shards
+    raw = small_config(files, parse="batched", augment=[{"op": "random_flip", "key": "features"}])
+    with pytest.raises(ConfigError, match=r"data.parse=batched .* data.augment\[0\] \(random_flip\)"):
+        Pipeline.from_config(config_from_dict({"data": raw}).data)
