@@ -1,0 +1,41 @@
+"""The input-wait meter tells a starved consumer from a fed one."""
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
+
+
+def _share_waiting(dataset: tf.data.Dataset, consumer_seconds: float, elements: int) -> float:
+    meter = InputWaitMeter()
+    iterator = iter(metered(dataset, meter))
+    next(iterator)
+    meter.reset()
+    start = time.perf_counter()
+    for _ in range(elements):
+        next(iterator)
+        time.sleep(consumer_seconds)  # the "training step"
+    return meter.totals()[0] / (time.perf_counter() - start)
+
+
+def _slow(value):
+    time.sleep(0.01)
+    return value
+
+
+def test_starved_consumer_waits_most_of_the_time():
+    slow = tf.data.Dataset.range(1000).map(lambda x: tf.py_function(_slow, [x], tf.int64))
+    assert _share_waiting(slow, consumer_seconds=0.001, elements=30) > 0.5
+
+
+def test_fed_consumer_hardly_waits():
+    fast = tf.data.Dataset.range(1000).prefetch(100)
+    assert _share_waiting(fast, consumer_seconds=0.01, elements=30) < 0.2
+
+
+def test_meter_counts_every_element():
+    meter = InputWaitMeter()
+    assert [int(x) for x in metered(tf.data.Dataset.range(5), meter)] == [0, 1, 2, 3, 4]
+    assert meter.totals()[1] == 5

@@ -1,0 +1,132 @@
+"""The two ceilings a pipeline's throughput is judged against.
+
+(a) compute-bound: the one-thread rate of the per-example work (parse, every op, batch) on records
+    already in memory, times the cores the pipeline may use;
+(b) read-bound: the rate of reading the files sequentially and batching, with no parse.
+A pipeline at its limit reaches the lower of the two.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.bench.measure import Measurement, measure_for, summarize
+from tpu_pipeline.config.data import ArraySourceConfig, DataConfig
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline._common import read_buffer
+
+
+def single_thread_options() -> tf.data.Options:
+    """Everything on one thread: no autotuning, a private pool of 1, no intra-op parallelism."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    options.experimental_optimization.map_parallelization = False
+    return options
+
+
+def records_in_memory(config: DataConfig, count: int) -> list[bytes]:
+    """The first `count` serialized records the config's source yields (files in listed order)."""
+    source = Pipeline.from_config(config).source
+    dataset = source.build(tf.distribute.InputContext())
+    return list(dataset.take(count).as_numpy_iterator())
+
+
+def in_memory_config(config: DataConfig) -> DataConfig:
+    """The same per-example work, sequential: no shuffle, no cache, parallelism 1, repeat forever."""
+    return config.model_copy(update={
+        "shuffle": config.shuffle.model_copy(update={"enabled": False}),
+        "cache": config.cache.model_copy(update={"enabled": False}),
+        "repeat": "forever", "num_parallel_calls": 1, "prefetch": 0,
+        "options": config.options.model_copy(update={  # the same as single_thread_options()
+            "autotune": False, "private_threadpool_size": 1, "max_intra_op_parallelism": 1, "map_parallelization": False,
+        }),
+    })
+
+
+def steady_state_work(config: DataConfig, records: list[bytes]) -> tuple[DataConfig, "_Source"]:
+    """What each example costs once the pipeline runs: with the cache on, only the work after it.
+
+    A cached pipeline parses and preprocesses each record once; every later epoch reads elements
+    from the cache and runs only the augment ops and the batch. So its ceiling is that work, on
+    elements already preprocessed (held in memory like the cache holds them).
+    """
+    work = in_memory_config(config)
+    if not config.cache.enabled:
+        return work, _Records(records)
+    prepared = work.model_copy(update={"augment": [], "outputs": None, "repeat": 1, "drop_remainder": False,
+                                       "batch_size": len(records)})
+    elements = Pipeline.from_config(prepared, source=_Records(records)).build().get_single_element()
+    # Elements are parsed already: a non-TFRecord source config tells the builder not to parse.
+    after_cache = work.model_copy(update={"preprocess": [], "features": {}, "parse": "per_example",
+                                          "source": ArraySourceConfig(path="<in memory>")})
+    return after_cache, _Elements(elements)
+
+
+def one_thread_work(config: DataConfig, records: list[bytes]) -> tf.data.Dataset:
+    """The steady-state per-example work of `config` on in-memory data, all on one thread."""
+    work, source = steady_state_work(config, records)
+    return Pipeline.from_config(work, source=source).build().with_options(single_thread_options())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Records:
+    records: list
+
+    def build(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices(tf.constant(self.records, tf.string))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Elements:
+    elements: dict
+
+    def build(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices(self.elements)
+
+
+_Source = object
+
+
+def sequential_read(config: DataConfig) -> tf.data.Dataset:
+    """Files read one after the other and batched (global batch), no parse: what storage allows."""
+    source = Pipeline.from_config(config).source
+    files = source.tfrecord_files() if hasattr(source, "tfrecord_files") else None
+    if files is None:
+        raise ValueError("the read ceiling needs a TFRecord source")
+    compression = getattr(source, "compression", "")
+    buffer = read_buffer(getattr(source, "buffer_size", "auto"), files[0])
+    dataset = tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=buffer)
+    return dataset.repeat().batch(config.batch_size, drop_remainder=True).with_options(single_thread_options())
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceilings:
+    one_thread: Measurement
+    cores: int
+    read: Optional[Measurement]
+
+    @property
+    def compute_bound(self) -> float:
+        return self.one_thread.examples_per_sec * self.cores
+
+    @property
+    def read_bound(self) -> Optional[float]:
+        return self.read.examples_per_sec if self.read else None
+
+    @property
+    def limit(self) -> float:
+        return min(x for x in (self.compute_bound, self.read_bound) if x is not None)
+
+
+def measure_ceilings(
+    config: DataConfig, cores: int, records: int = 512, seconds: float = 0.7, warmup: int = 2, repeats: int = 3
+) -> Ceilings:
+    """Both ceilings for `config` on this machine (medians of `repeats`)."""
+    memory = records_in_memory(config, records)
+    one = summarize(measure_for(one_thread_work(config, memory), seconds, warmup, repeats))
+    read = summarize(measure_for(sequential_read(config), seconds, warmup, repeats))
+    return Ceilings(one_thread=one, cores=cores, read=read)

@@ -1,0 +1,247 @@
+"""`diagnose(config)`: why is this input pipeline as fast as it is, and what would make it faster?
+
+It measures, on this machine and in one run:
+  * each stage alone on one thread over records held in memory — batch, parse, then every op —
+    as cumulative prefixes (the cost of a stage is its prefix's time minus the previous one's);
+  * the two ceilings (tpu_pipeline.bench.ceilings) and the pipeline as configured;
+then names the bottleneck, lists findings with the config change that fixes each, and measures
+the tuned config side by side, so a proposal is only made with its measured effect.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.bench.ceilings import Ceilings, _Records, in_memory_config, measure_ceilings, records_in_memory, single_thread_options
+from tpu_pipeline.bench.measure import Measurement, available_cores, measure, measure_for, summarize
+from tpu_pipeline.config.base import validate
+from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFRecordSourceConfig
+from tpu_pipeline.config.loader import apply_overrides
+from tpu_pipeline.ops import get_op
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import parse_mode, record_block
+
+
+NOISE_SHARE = 0.01  # stages below 1% of the per-example work are within measurement noise
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCost:
+    name: str
+    seconds_per_example: float  # one thread
+
+    @property
+    def examples_per_sec(self) -> float:
+        return 1.0 / self.seconds_per_example if self.seconds_per_example > 0 else float("inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    problem: str
+    overrides: tuple[str, ...]  # the key=value changes that fix it
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    cores: int
+    pipeline: Measurement
+    ceilings: Ceilings
+    stages: list[StageCost]
+    bottleneck: str
+    findings: list[Finding]
+    tuned: Optional[Measurement]
+
+    @property
+    def fraction_of_limit(self) -> float:
+        return self.pipeline.examples_per_sec / self.ceilings.limit
+
+    @property
+    def tuned_overrides(self) -> list[str]:
+        return [o for finding in self.findings for o in finding.overrides]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cores": self.cores,
+            "pipeline": self.pipeline.as_dict(),
+            "ceilings": {
+                "compute_bound_examples_per_sec": self.ceilings.compute_bound,
+                "one_thread_examples_per_sec": self.ceilings.one_thread.examples_per_sec,
+                "read_bound_examples_per_sec": self.ceilings.read_bound,
+                "limit_examples_per_sec": self.ceilings.limit,
+            },
+            "fraction_of_limit": self.fraction_of_limit,
+            "stages": [
+                {"name": s.name, "seconds_per_example": s.seconds_per_example, "examples_per_sec_one_thread": s.examples_per_sec}
+                for s in self.stages
+            ],
+            "bottleneck": self.bottleneck,
+            "findings": [{"problem": f.problem, "overrides": list(f.overrides)} for f in self.findings],
+            "tuned_overrides": self.tuned_overrides,
+            "tuned": self.tuned.as_dict() if self.tuned else None,
+            "tuned_speedup": self.tuned.examples_per_sec / self.pipeline.examples_per_sec if self.tuned else None,
+        }
+
+    def table(self) -> str:
+        lines = [f"{'stage (one thread, records in memory)':44s} {'examples/s':>12s} {'us/example':>11s}"]
+        total = sum(s.seconds_per_example for s in self.stages)
+        for stage in self.stages:
+            if stage.seconds_per_example < NOISE_SHARE * total:
+                lines.append(f"{stage.name:44s} {'(noise)':>12s} {'~0':>11s}")
+            else:
+                lines.append(f"{stage.name:44s} {stage.examples_per_sec:12,.0f} {stage.seconds_per_example * 1e6:11.1f}")
+        c = self.ceilings
+        lines += [
+            "",
+            f"ceiling (a) compute-bound: {c.compute_bound:,.0f} examples/s ({c.one_thread.examples_per_sec:,.0f} on one thread x {self.cores} cores)",
+            f"ceiling (b) read-bound:    {c.read_bound:,.0f} examples/s (files read sequentially and batched, no parse)"
+            if c.read_bound else "ceiling (b) read-bound:    n/a",
+            f"pipeline as configured:    {self.pipeline.examples_per_sec:,.0f} examples/s = {self.fraction_of_limit:.2f} of the limit, "
+            f"{self.pipeline.cores_used:.2f} cores, {self.pipeline.cpu_seconds_per_example * 1e6:.1f} us CPU/example",
+            f"bottleneck: {self.bottleneck}",
+        ]
+        if self.findings:
+            lines.append("findings:")
+            for finding in self.findings:
+                lines.append(f"  - {finding.problem}\n      fix: {' '.join(finding.overrides)}")
+        else:
+            lines.append("findings: none: the configuration already runs at this machine's limit")
+        if self.tuned:
+            speedup = self.tuned.examples_per_sec / self.pipeline.examples_per_sec
+            lines.append(f"tuned pipeline:            {self.tuned.examples_per_sec:,.0f} examples/s ({speedup:.2f}x, measured in this run)")
+        return "\n".join(lines)
+
+
+def _one_thread(dataset: tf.data.Dataset, seconds: float, repeats: int) -> Measurement:
+    return summarize(measure_for(dataset.with_options(single_thread_options()), seconds, repeats=repeats))
+
+
+def stage_costs(config: DataConfig, records: list[bytes], seconds: float = 0.4, repeats: int = 3) -> list[StageCost]:
+    """Cost per example of batch, parse and each op, on one thread (cumulative prefixes)."""
+    base = in_memory_config(config).model_copy(update={"outputs": None})
+    source = _Records(records)
+    once = " (once, cached)" if config.cache.enabled else ""
+    ops = [(f"preprocess[{i}] {op.op}{once}", "preprocess", i) for i, op in enumerate(config.preprocess)]
+    ops += [(f"augment[{i}] {op.op}", "augment", i) for i, op in enumerate(config.augment)]
+    mode = parse_mode(config)
+
+    def prefix(parse: bool, count: int) -> DataConfig:
+        pre = config.preprocess[: min(count, len(config.preprocess))]
+        aug = config.augment[: max(0, count - len(config.preprocess))]
+        update: dict[str, Any] = {"preprocess": pre, "augment": aug}
+        if not parse:  # raw records: a non-TFRecord source config tells the builder not to parse
+            update.update(features={}, parse="per_example", source=ArraySourceConfig(path="<in memory>"))
+        return base.model_copy(update=update)
+
+    def per_example(prefix_config: DataConfig) -> float:
+        dataset = Pipeline(source=source, stages=_stages(prefix_config)).build()
+        return 1.0 / _one_thread(dataset, seconds, repeats).examples_per_sec
+
+    costs: list[StageCost] = []
+    previous = per_example(prefix(False, 0))
+    costs.append(StageCost("batch", previous))
+    if mode != "none" and config.features or getattr(config.source, "dir", None):
+        current = per_example(prefix(True, 0))
+        costs.append(StageCost(f"parse ({mode}){once}", max(current - previous, 1e-9)))
+        previous = current
+    for count, (name, _, _) in enumerate(ops, start=1):
+        current = per_example(prefix(True, count))
+        costs.append(StageCost(name, max(current - previous, 1e-9)))
+        previous = current
+    return costs
+
+
+def _stages(config: DataConfig) -> list:
+    from tpu_pipeline.pipeline.builder import stages_from_config
+
+    return stages_from_config(config)
+
+
+def findings_for(config: DataConfig, cores: int) -> list[Finding]:
+    """Configuration problems that keep a pipeline from this machine's limit, each with its fix."""
+    found: list[Finding] = []
+    source = config.source
+    if isinstance(config.num_parallel_calls, int) and config.num_parallel_calls < cores:
+        found.append(Finding(
+            f"the preprocessing map runs {config.num_parallel_calls} call(s) at a time on {cores} cores",
+            (f"data.num_parallel_calls={cores}",),
+        ))
+    ops = config.preprocess + config.augment
+    if isinstance(source, TFRecordSourceConfig) and config.parse == "per_example" and all(get_op(o.op).batchable for o in ops):
+        found.append(Finding(
+            "records are parsed one at a time, though every op works on whole batches: batch first, then "
+            "parse each batch with one parse_example call (one thread crossing per batch, not per record)",
+            ("data.parse=batched",),
+        ))
+    if isinstance(source, TFRecordSourceConfig):
+        if parse_mode(config) == "batched" and record_block(config) == 0:
+            found.append(Finding(
+                "single records cross the parallel interleave one by one; move them in blocks",
+                ("data.source.record_batch=256",),
+            ))
+        if source.num_parallel_calls not in ("autotune", 0) and source.num_parallel_calls < 2:
+            found.append(Finding("files are read by a single parallel reader", ("data.source.num_parallel_calls=autotune",)))
+        remote = "://" in str(source.files or source.dir or "")
+        if remote and isinstance(source.buffer_size, int) and source.buffer_size < 1 << 20:
+            found.append(Finding(
+                f"read buffer of {source.buffer_size} bytes per remote file: small reads are latency-bound on GCS",
+                ("data.source.buffer_size=auto",),
+            ))
+    if config.options.private_threadpool_size is None and config.options.max_intra_op_parallelism is None and parse_mode(config) != "batched":
+        found.append(Finding(
+            "tf.data shares the process's threads with other work and lets one op use several threads: "
+            f"a private pool of {cores} threads and one thread per op keep every core on whole examples",
+            (f"data.options.private_threadpool_size={cores}", "data.options.max_intra_op_parallelism=1"),
+        ))
+    if not config.cache.enabled and config.preprocess and not any(get_op(o.op).random for o in config.preprocess):
+        found.append(Finding(
+            "deterministic preprocessing is recomputed every epoch; if its output fits in memory, cache it",
+            ("data.cache.enabled=true",),
+        ))
+    return found
+
+
+MEASURED_GAIN = 1.1  # a proposal that speeds the pipeline up by 10% or more, measured, is the bottleneck
+
+
+def _name_bottleneck(stages: list[StageCost], ceilings: Ceilings, fraction: float, findings: list[Finding],
+                     speedup: Optional[float]) -> str:
+    work = [s for s in stages if s.name != "batch" and "(once, cached)" not in s.name] or stages
+    worst = max(work, key=lambda s: s.seconds_per_example)
+    share = worst.seconds_per_example / sum(s.seconds_per_example for s in stages)
+    costliest = f"costliest stage: {worst.name}, {share:.0%} of the per-example work"
+    if findings and speedup is not None and speedup >= MEASURED_GAIN:
+        return f"configuration: {findings[0].problem} (the fixes below measured {speedup:.2f}x; {costliest})"
+    bound = "read-bound (storage)" if ceilings.read_bound and ceilings.read_bound < ceilings.compute_bound else "compute-bound"
+    if fraction >= 0.9:
+        return f"at the limit ({bound}); {costliest}"
+    return f"{worst.name}: the pipeline reaches {fraction:.0%} of the limit ({costliest})"
+
+
+def diagnose(
+    config: DataConfig, cores: Optional[int] = None, batches: int = 20, repeats: int = 3, records: int = 512,
+    measure_tuned: bool = True,
+) -> Diagnosis:
+    """Measures stages, ceilings, the pipeline, and (optionally) the tuned pipeline, in one run."""
+    cores = cores or available_cores()
+    config = config.model_copy(update={"repeat": "forever"})
+    memory = records_in_memory(config, records)
+    stages = stage_costs(config, memory, repeats=repeats)
+    ceilings = measure_ceilings(config, cores, records=records, repeats=repeats)
+    pipeline = summarize(measure(Pipeline.from_config(config).build(), batches, warmup=5, repeats=repeats))
+    findings = findings_for(config, cores)
+    tuned = None
+    if measure_tuned and findings:
+        tuned_config = tune(config, [o for f in findings for o in f.overrides])
+        tuned = summarize(measure(Pipeline.from_config(tuned_config).build(), batches, warmup=5, repeats=repeats))
+    fraction = pipeline.examples_per_sec / ceilings.limit
+    speedup = tuned.examples_per_sec / pipeline.examples_per_sec if tuned else None
+    bottleneck = _name_bottleneck(stages, ceilings, fraction, findings, speedup)
+    return Diagnosis(cores, pipeline, ceilings, stages, bottleneck, findings, tuned)
+
+
+def tune(config: DataConfig, overrides: list[str]) -> DataConfig:
+    """The config with `data.*` overrides applied (validated like a config file)."""
+    raw = {"data": config.model_dump(mode="python")}
+    return validate(DataConfig, apply_overrides(raw, overrides)["data"], prefix="data")

@@ -1,0 +1,50 @@
+"""`tpu-pipeline doctor --config FILE [--write-tuned tuned.yaml] [--json out.json] [--chart stages.png]`.
+
+Measures each stage alone, both ceilings and the pipeline, names the bottleneck, proposes config
+changes (measured side by side in the same run) and can write the tuned config.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import yaml
+from absl import flags
+
+from tpu_pipeline.commands._common import load_raw
+from tpu_pipeline.config.loader import apply_overrides
+from tpu_pipeline.errors import ConfigError
+
+flags.DEFINE_string("write-tuned", None, "write the whole config with the proposed changes applied here (YAML)")
+flags.DEFINE_string("json", None, "write the diagnosis here as JSON, for scripts")
+flags.DEFINE_string("chart", None, "write a PNG chart of per-stage rates here")
+flags.DEFINE_enum("section", "data", ["data", "eval_data"], "which pipeline of the config")
+flags.DEFINE_integer("batches", 20, "batches per timed run of the whole pipeline")
+FLAGS = flags.FLAGS
+
+
+def run(overrides: Sequence[str]) -> int:
+    from tpu_pipeline.bench.doctor import diagnose
+
+    raw, config = load_raw(overrides)
+    data = getattr(config, FLAGS.section)
+    if data is None:
+        raise ConfigError(f"the config has no '{FLAGS.section}' section to diagnose")
+    diagnosis = diagnose(data, batches=FLAGS.batches)
+    print(diagnosis.table())
+    section_overrides = [FLAGS.section + o[len("data"):] for o in diagnosis.tuned_overrides]
+    if FLAGS["write-tuned"].value:
+        tuned = apply_overrides(raw, section_overrides)
+        with open(FLAGS["write-tuned"].value, "w") as handle:
+            handle.write(f"# tpu-pipeline doctor: {', '.join(section_overrides) or 'no changes'}\n")
+            yaml.safe_dump(tuned, handle, sort_keys=False)
+        print(f"wrote the tuned config to {FLAGS['write-tuned'].value}")
+    if FLAGS.json:
+        with open(FLAGS.json, "w") as handle:
+            json.dump({"section": FLAGS.section, **diagnosis.as_dict(), "tuned_overrides": section_overrides}, handle, indent=2)
+    if FLAGS.chart:
+        from tpu_pipeline.bench.chart import stage_chart
+
+        stage_chart(diagnosis, FLAGS.chart)
+        print(f"wrote the chart to {FLAGS.chart}")
+    return 0
