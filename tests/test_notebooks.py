@@ -37,3 +37,15 @@ def test_quickstart_runs_top_to_bottom(tmp_path, monkeypatch, demo_cache):
     assert "input pipeline:" in text and "examples/s" in text
     assert "'steps': 4" in text and "eval_accuracy" in text
     assert (tmp_path / "runs" / "notebook" / "metrics.json").exists()
+
+
+def test_pipeline_tuning_runs_the_doctor_and_shows_the_chart(tmp_path, monkeypatch, demo_cache):
+    monkeypatch.setenv("TPU_PIPELINE_NOTEBOOK_QUICK", "1")
+    monkeypatch.setenv("TPU_PIPELINE_CACHE", demo_cache)
+    notebook = execute("pipeline_tuning.ipynb", tmp_path)
+    text, mimes = outputs(notebook)
+    assert "the preprocessing map runs 1 call(s) at a time" in text and "data.num_parallel_calls=" in text
+    assert "measured speed-up in this run" in text and "bottleneck:" in text
+    assert "image/png" in mimes
+    assert (tmp_path / "doctor_stages.png").exists()
+    assert text.count("ceiling (a) compute-bound") == 2
