@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from tpu_pipeline.bench.ceilings import Ceilings, _Records, in_memory_config, measure_ceilings, records_in_memory, single_thread_options
+from tpu_pipeline.bench.ceilings import (
+    Ceilings, _Records, in_memory_config, measure_ceilings, records_in_memory, sequential_stages, single_thread_options,
+)
 from tpu_pipeline.bench.measure import Measurement, available_cores, measure, measure_for, summarize
 from tpu_pipeline.config.base import validate
 from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFRecordSourceConfig
@@ -135,7 +137,7 @@ def stage_costs(config: DataConfig, records: list[bytes], seconds: float = 0.4, 
         return base.model_copy(update=update)
 
     def per_example(prefix_config: DataConfig) -> float:
-        dataset = Pipeline(source=source, stages=_stages(prefix_config)).build()
+        dataset = Pipeline(source=source, stages=sequential_stages(prefix_config)).build()
         return 1.0 / _one_thread(dataset, seconds, repeats).examples_per_sec
 
     costs: list[StageCost] = []
@@ -150,12 +152,6 @@ def stage_costs(config: DataConfig, records: list[bytes], seconds: float = 0.4, 
         costs.append(StageCost(name, max(current - previous, 1e-9)))
         previous = current
     return costs
-
-
-def _stages(config: DataConfig) -> list:
-    from tpu_pipeline.pipeline.builder import stages_from_config
-
-    return stages_from_config(config)
 
 
 def findings_for(config: DataConfig, cores: int) -> list[Finding]:

@@ -45,6 +45,14 @@ def decode_image(key: str = "image", channels: int = 3, format: str = "auto"):
     return fn
 
 
+def _decode_window(data: tf.Tensor, window: tf.Tensor, channels: int, height: int, width: int, method: str) -> tf.Tensor:
+    """Decodes only `window` of a JPEG and resizes it to a static [height, width, channels]."""
+    image = tf.image.decode_and_crop_jpeg(data, window, channels=channels)
+    image = tf.image.resize(image, [height, width], method=method)
+    image.set_shape([height, width, channels])
+    return image
+
+
 @register_op("decode_and_random_crop_jpeg", random=True)
 def decode_and_random_crop_jpeg(
     size: int | Sequence[int],
@@ -76,10 +84,7 @@ def decode_and_random_crop_jpeg(
         offset_y, offset_x, _ = tf.unstack(begin)
         crop_height, crop_width, _ = tf.unstack(crop_size)
         window = tf.stack([offset_y, offset_x, crop_height, crop_width])
-        image = tf.image.decode_and_crop_jpeg(data, window, channels=channels)
-        image = tf.image.resize(image, [height, width], method=method)
-        image.set_shape([height, width, channels])
-        return {**features, key: image}
+        return {**features, key: _decode_window(data, window, channels, height, width, method)}
 
     return fn
 
@@ -101,10 +106,7 @@ def decode_and_center_crop_jpeg(
         offset_y = (image_height - crop + 1) // 2
         offset_x = (image_width - crop + 1) // 2
         window = tf.stack([offset_y, offset_x, crop, crop])
-        image = tf.image.decode_and_crop_jpeg(data, window, channels=channels)
-        image = tf.image.resize(image, [height, width], method=method)
-        image.set_shape([height, width, channels])
-        return {**features, key: image}
+        return {**features, key: _decode_window(data, window, channels, height, width, method)}
 
     return fn
 

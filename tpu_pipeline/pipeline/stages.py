@@ -142,6 +142,7 @@ class ToOutputs:
 
     inputs: Union[str, Sequence[str]] = "image"
     targets: Union[str, Sequence[str], None] = "label"
+    num_parallel_calls: Union[int, str, None] = "autotune"
 
     def _pick(self, features: Features, keys: Union[str, Sequence[str]], what: str) -> Any:
         names = [keys] if isinstance(keys, str) else list(keys)
@@ -159,7 +160,8 @@ class ToOutputs:
                 return inputs
             return inputs, self._pick(features, self.targets, "targets")
 
-        return dataset.map(fn, num_parallel_calls=AUTOTUNE, name="to_outputs")
+        calls = None if self.num_parallel_calls is None else tune(self.num_parallel_calls)
+        return dataset.map(fn, num_parallel_calls=calls, name="to_outputs")
 
 
 @dataclasses.dataclass(frozen=True)
