@@ -11,12 +11,12 @@ import dataclasses
 import resource
 import statistics
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 import psutil
 import tensorflow as tf
 
-from tpu_pipeline.pipeline._common import available_cores  # noqa: F401  (re-exported for callers)
+from tpu_pipeline.system import available_cores  # noqa: F401  (re-exported for callers)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -214,8 +214,3 @@ class DataConfig(StrictModel):
                 f"{prefix}.features (select or rename features with {prefix}.source.features)"
             )
         return self
-
-    def uses_randomness(self) -> bool:
-        from tpu_pipeline.ops import get_op
-
-        return any(get_op(op.op).random for op in self.preprocess + self.augment)

@@ -8,7 +8,6 @@ layer can compute steps_per_epoch and num_classes without reading the data.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Optional
 
 import numpy as np
@@ -20,6 +19,7 @@ from tpu_pipeline.config.data import (
 from tpu_pipeline.errors import DataError
 from tpu_pipeline.pipeline.sources import TFRecordSource
 from tpu_pipeline.records.writer import METADATA_FILE, read_metadata
+from tpu_pipeline.system import local_path
 
 DEFAULT_SPLIT = "train"
 
@@ -37,13 +37,9 @@ class DatasetInfo:
         return len(self.class_names) if self.class_names else None
 
 
-def _expand(path: str) -> str:
-    return path if "://" in path else os.path.expandvars(os.path.expanduser(path))
-
-
 def read_dataset_metadata(directory: str, key: str = "data.source") -> dict[str, Any]:
     """metadata.json of a finished dataset directory; a DataError naming the fix otherwise."""
-    directory = _expand(directory)
+    directory = local_path(directory)
     metadata = read_metadata(directory)
     if metadata is not None:
         return metadata
@@ -98,7 +94,7 @@ class DatasetDirSource:
 
     def tfrecord_source(self) -> tuple[TFRecordSource, int]:
         metadata, entry = load_dataset_dir(self.dir, self.split)
-        directory = _expand(self.dir)
+        directory = local_path(self.dir)
         files = [tf.io.gfile.join(directory, name) for name in entry["files"]]
         source = TFRecordSource(
             files=files, compression=metadata.get("compression", ""), shuffle_files=self.shuffle_files,
@@ -131,7 +127,7 @@ def dataset_info(config: DataConfig) -> DatasetInfo:
 
         return tfds_info(source)
     assert isinstance(source, ArraySourceConfig)
-    path = _expand(source.path)
+    path = local_path(source.path)
     if not tf.io.gfile.exists(path):
         raise DataError(f"data.source.path: {path!r} does not exist")
     with tf.io.gfile.GFile(path, "rb") as handle:

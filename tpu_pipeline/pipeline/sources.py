@@ -7,7 +7,6 @@ overlap); with fewer files, every pipeline reads everything and keeps every n-th
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -16,6 +15,7 @@ from absl import logging
 
 from tpu_pipeline.pipeline._common import AUTOTUNE, read_buffer, tune
 from tpu_pipeline.errors import ConfigError, DataError
+from tpu_pipeline.system import local_path
 
 
 
@@ -26,8 +26,7 @@ def list_files(patterns: Union[str, Sequence[str]]) -> list[str]:
         patterns = [p.strip() for p in patterns.split(",") if p.strip()]
     files: list[str] = []
     for pattern in patterns:
-        if "://" not in pattern:
-            pattern = os.path.expandvars(os.path.expanduser(pattern))
+        pattern = local_path(pattern)
         matched = tf.io.gfile.glob(pattern)
         if not matched:
             raise DataError(

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from tpu_pipeline.pipeline._common import AUTOTUNE, tune
+from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops.registry import OpFn
 

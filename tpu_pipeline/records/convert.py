@@ -33,6 +33,7 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.records.parallel import ordered_map
 from tpu_pipeline.records.sharding import num_shards_for, shard_bounds
 from tpu_pipeline.records.writer import METADATA_FILE, read_metadata, shard_name, write_metadata
+from tpu_pipeline.system import available_cores, local_path
 
 FORMAT_VERSION = 1
 STATE_DIR = "_incomplete"
@@ -93,12 +94,7 @@ class ConvertOptions:
             raise ConfigError(f"--workers must be >= 0, 0 meaning one per core (given: {self.workers})")
 
     def num_workers(self) -> int:
-        if self.workers:
-            return self.workers
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # not on Linux
-            return max(1, os.cpu_count() or 1)
+        return self.workers or available_cores()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +122,7 @@ def convert(source: ConvertSource, out_dir: str, options: ConvertOptions = Conve
     """Writes (or finishes writing) `source` as shards + metadata.json under `out_dir`."""
     options.validate()
     if "://" not in out_dir:
-        out_dir = os.path.abspath(os.path.expanduser(out_dir))
+        out_dir = local_path(out_dir, absolute=True)
     key = fingerprint(source, options)
     finished = _finished_dataset(out_dir, key, options)
     if finished is not None:

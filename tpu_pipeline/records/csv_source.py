@@ -19,6 +19,7 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.records.convert import ItemError
 from tpu_pipeline.records.examples import DTYPES, class_ids, feature, serialize, spec
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
+from tpu_pipeline.system import local_path
 
 Row = tuple[int, list[str]]  # (line number, fields)
 
@@ -100,7 +101,7 @@ class CsvSource:
         label_column: Optional[str] = "label", require_label: bool = False,
         columns: Optional[Mapping[str, str]] = None, class_names: Optional[Sequence[str]] = None,
     ) -> None:
-        self.path = path if "://" in path else os.path.abspath(os.path.expanduser(path))
+        self.path = local_path(path, absolute=True)
         self.name = os.path.splitext(os.path.basename(self.path))[0]
         self.seed, self.shuffle = seed, shuffle
         self.fractions = split_fractions(splits)

@@ -19,6 +19,7 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.records.convert import ItemError
 from tpu_pipeline.records.examples import feature, serialize, spec, tf_error_reason
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
+from tpu_pipeline.system import local_path
 
 # The extensions image_dataset_from_directory accepts.
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -90,7 +91,7 @@ class ImageFolderSource:
             raise ConfigError(f"--reencode must be none, jpeg or png (given: {reencode!r})")
         if not 1 <= jpeg_quality <= 100:
             raise ConfigError(f"--jpeg_quality must be in 1..100 (given: {jpeg_quality})")
-        self.root = root if "://" in root else os.path.abspath(os.path.expanduser(root))
+        self.root = local_path(root, absolute=True)
         self.root = self.root.rstrip("/")
         self.name = os.path.basename(self.root)
         self.reencode, self.jpeg_quality, self.seed, self.shuffle = reencode, jpeg_quality, seed, shuffle

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.records.examples import class_ids, feature, numpy_dtype_kind, serialize, spec
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
+from tpu_pipeline.system import local_path
 
 
 def load_npz(path: str) -> dict[str, np.ndarray]:
@@ -58,7 +59,7 @@ class NumpySource:
     ) -> None:
         if reencode not in ("", "jpeg", "png"):
             raise ConfigError(f"--reencode must be none, jpeg or png (given: {reencode!r})")
-        self.path = path if "://" in path else os.path.abspath(os.path.expanduser(path))
+        self.path = local_path(path, absolute=True)
         self.name = os.path.splitext(os.path.basename(self.path))[0]
         self.seed, self.shuffle, self.reencode, self.jpeg_quality = seed, shuffle, reencode, jpeg_quality
         self.fractions = split_fractions(splits)

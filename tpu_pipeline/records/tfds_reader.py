@@ -8,7 +8,6 @@ fixed-shape tensors map to tf.Example features one to one. Nested features are f
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -18,6 +17,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.records.examples import feature, numpy_dtype_kind, serialize, spec
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, parse_splits
+from tpu_pipeline.system import local_path
 
 
 def import_tfds() -> Any:
@@ -31,7 +31,7 @@ def load_builder(name: str, data_dir: Optional[str], key: str = "--data_dir") ->
     """tfds.builder(name, data_dir=...) with a one-line DataError when the dataset cannot be found."""
     tfds = import_tfds()
     if data_dir and "://" not in data_dir:
-        data_dir = os.path.abspath(os.path.expanduser(data_dir))
+        data_dir = local_path(data_dir, absolute=True)
     try:
         return tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
@@ -164,7 +164,7 @@ class TFDSConvertSource:
             raise not_prepared_error(name, data_dir)
         info = self.builder.info
         self.name = info.name
-        self.data_dir = data_dir if not data_dir or "://" in data_dir else os.path.abspath(os.path.expanduser(data_dir))
+        self.data_dir = local_path(data_dir, absolute=True) if data_dir else data_dir
         available = list(info.splits.keys())
         parsed = parse_splits(splits) if splits else [(s, None) for s in available]
         self.splits = {out: spec_ or out for out, spec_ in parsed}

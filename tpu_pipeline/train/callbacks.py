@@ -5,7 +5,6 @@ import time
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
-from absl import logging
 
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter

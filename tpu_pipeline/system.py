@@ -1,0 +1,20 @@
+"""Facts about this machine and its paths, shared by every layer (it imports nothing of ours)."""
+from __future__ import annotations
+
+import os
+
+
+def local_path(path: str, absolute: bool = False) -> str:
+    """Expands `~` and `$VARS` in a local path; URLs (gs://, s3://, ...) are returned unchanged."""
+    if "://" in path:
+        return path
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    return os.path.abspath(expanded) if absolute else expanded
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity-aware, so containers and taskset are respected)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
