@@ -8,7 +8,7 @@ A pipeline at its limit reaches the lower of the two.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -47,7 +47,7 @@ def in_memory_config(config: DataConfig) -> DataConfig:
     })
 
 
-def steady_state_work(config: DataConfig, records: list[bytes]) -> tuple[DataConfig, "_Source"]:
+def steady_state_work(config: DataConfig, records: list[bytes]) -> tuple[DataConfig, Any]:
     """What each example costs once the pipeline runs: with the cache on, only the work after it.
 
     A cached pipeline parses and preprocesses each record once; every later epoch reads elements
@@ -56,10 +56,10 @@ def steady_state_work(config: DataConfig, records: list[bytes]) -> tuple[DataCon
     """
     work = in_memory_config(config)
     if not config.cache.enabled:
-        return work, _Records(records)
+        return work, InMemoryRecords(records)
     prepared = work.model_copy(update={"augment": [], "outputs": None, "repeat": 1, "drop_remainder": False,
                                        "batch_size": len(records)})
-    elements = Pipeline.from_config(prepared, source=_Records(records)).build().get_single_element()
+    elements = Pipeline.from_config(prepared, source=InMemoryRecords(records)).build().get_single_element()
     # Elements are parsed already: a non-TFRecord source config tells the builder not to parse.
     after_cache = work.model_copy(update={"preprocess": [], "features": {}, "parse": "per_example",
                                           "source": ArraySourceConfig(path="<in memory>")})
@@ -84,7 +84,9 @@ def sequential_stages(config: DataConfig) -> list:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Records:
+class InMemoryRecords:
+    """A source of serialized records held in memory (the ceilings' and the doctor's input)."""
+
     records: list
 
     def build(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -98,8 +100,6 @@ class _Elements:
     def build(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
         return tf.data.Dataset.from_tensor_slices(self.elements)
 
-
-_Source = object
 
 
 def sequential_read(config: DataConfig) -> tf.data.Dataset:

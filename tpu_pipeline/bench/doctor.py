@@ -15,7 +15,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from tpu_pipeline.bench.ceilings import (
-    Ceilings, _Records, in_memory_config, measure_ceilings, records_in_memory, sequential_stages, single_thread_options,
+    Ceilings, InMemoryRecords, in_memory_config, measure_ceilings, records_in_memory, sequential_stages, single_thread_options,
 )
 from tpu_pipeline.bench.measure import Measurement, available_cores, measure, measure_for, summarize
 from tpu_pipeline.config.base import validate
@@ -122,7 +122,7 @@ def _one_thread(dataset: tf.data.Dataset, seconds: float, repeats: int) -> Measu
 def stage_costs(config: DataConfig, records: list[bytes], seconds: float = 0.4, repeats: int = 3) -> list[StageCost]:
     """Cost per example of batch, parse and each op, on one thread (cumulative prefixes)."""
     base = in_memory_config(config).model_copy(update={"outputs": None})
-    source = _Records(records)
+    source = InMemoryRecords(records)
     once = " (once, cached)" if config.cache.enabled else ""
     ops = [(f"preprocess[{i}] {op.op}{once}", "preprocess", i) for i, op in enumerate(config.preprocess)]
     ops += [(f"augment[{i}] {op.op}", "augment", i) for i, op in enumerate(config.augment)]
@@ -143,7 +143,7 @@ def stage_costs(config: DataConfig, records: list[bytes], seconds: float = 0.4, 
     costs: list[StageCost] = []
     previous = per_example(prefix(False, 0))
     costs.append(StageCost("batch", previous))
-    if mode != "none" and config.features or getattr(config.source, "dir", None):
+    if mode != "none" and (config.features or getattr(config.source, "dir", None)):
         current = per_example(prefix(True, 0))
         costs.append(StageCost(f"parse ({mode}){once}", max(current - previous, 1e-9)))
         previous = current

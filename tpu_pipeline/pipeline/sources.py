@@ -18,8 +18,6 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.system import local_path
 
 
-
-
 def list_files(patterns: Union[str, Sequence[str]]) -> list[str]:
     """Expands globs (comma-separated or a list; local or gs://) to a sorted, de-duplicated file list."""
     if isinstance(patterns, str):
@@ -96,19 +94,20 @@ class TFRecordSource:
         cycle = tune(self.cycle_length)
         if cycle != AUTOTUNE:
             cycle = max(1, min(cycle, num_files_here))
+        sequential = self.num_parallel_calls == 0
         dataset = dataset.interleave(
             lambda path: self._read_file(path, buffer),
             cycle_length=cycle,
             block_length=self.block_length,
-            num_parallel_calls=None if self.num_parallel_calls == 0 else tune(self.num_parallel_calls),
-            deterministic=deterministic,
+            # 0: read in the consumer's thread; order is then deterministic anyway.
+            num_parallel_calls=None if sequential else tune(self.num_parallel_calls),
+            deterministic=None if sequential else deterministic,
         )
         if self.record_batch:
             dataset = dataset.unbatch()
         if mode == "element":
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
         return dataset
-
 
     def _read_file(self, path: tf.Tensor, buffer: int) -> tf.data.Dataset:
         """One file's records; with record_batch, in blocks of that many (unbatched after the interleave).

@@ -42,10 +42,10 @@ class ProgressLogger(tf_keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         step = self._step()
-        now, last_step, last_wait = self._mark
+        started, last_step, last_wait = self._mark
         if step - last_step < self.every:
             return
-        seconds, wait = now and time.perf_counter() - now, self._wait() - last_wait
+        seconds, wait = time.perf_counter() - started, self._wait() - last_wait
         steps = step - last_step
         self._intervals += 1
         if self._intervals > 1:  # the first interval holds graph tracing and compilation
