@@ -89,12 +89,12 @@ def main() -> None:
         return value * cores if name == "ceiling_a_one_thread" else value
 
     print(f"\n{workload.name}: {cores} cores, batch {workload.batch_size}, {args.rounds} rounds (ceiling a = one thread x {cores})")
-    print(f"{'pipeline':24s} {'median/s':>10s} {'min/s':>10s} {'cpu ms/ex':>10s} {'cores':>6s}")
+    print(f"{'pipeline':24s} {'median/s':>10s} {'min/s':>10s} {'cpu us/ex':>10s} {'cores':>6s}")
     for name in names:
         rates = [rate(r, name) for r in rounds]
-        cpu = statistics.median(r[name]["cpu_seconds_per_example"] for r in rounds) * 1e3
+        cpu = statistics.median(r[name]["cpu_seconds_per_example"] for r in rounds) * 1e6
         used = statistics.median(r[name]["cores_used"] for r in rounds)
-        print(f"{name:24s} {statistics.median(rates):10,.0f} {min(rates):10,.0f} {cpu:10.3f} {used:6.2f}")
+        print(f"{name:24s} {statistics.median(rates):10,.0f} {min(rates):10,.0f} {cpu:10.2f} {used:6.2f}")
 
     print("\nratios (per round, then median / worst):")
     summary = {}

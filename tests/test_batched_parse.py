@@ -40,13 +40,17 @@ def test_auto_picks_batch_then_parse_with_record_blocks(shards):
     assert parse_mode(cached) == "per_example"
 
 
-@pytest.mark.parametrize("parse, record_batch", [("batched", 256), ("batched", 0), ("per_example", 64), ("batched", 7)])
-def test_same_examples_as_per_example_parsing(shards, parse, record_batch):
+@pytest.mark.parametrize("parse, record_batch, shuffle", [
+    ("batched", 256, "auto"), ("batched", 0, "auto"), ("per_example", 64, "auto"), ("batched", 7, "window"),
+    ("batched", 256, "stream"),
+])
+def test_same_examples_as_per_example_parsing(shards, parse, record_batch, shuffle):
     files, values = shards
     reference = examples(files, parse="per_example", source={**small_config(files)["source"], "record_batch": 0})
     assert sorted(reference) == list(range(N))
     assert all(np.allclose(reference[i][0], values[i]) and reference[i][1] == i % 3 for i in range(N))
-    candidate = examples(files, parse=parse, source={**small_config(files)["source"], "record_batch": record_batch})
+    candidate = examples(files, parse=parse, source={**small_config(files)["source"], "record_batch": record_batch},
+                         shuffle={**small_config(files)["shuffle"], "mode": shuffle})
     assert candidate == reference
 
 

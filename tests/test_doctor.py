@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from tpu_pipeline.bench.doctor import diagnose
+from tpu_pipeline.bench.doctor import diagnose, findings_for
 from tpu_pipeline.bench.measure import available_cores
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.ops import register_op
@@ -68,6 +68,12 @@ def test_planted_per_example_parse(shards):
     diagnosis = diagnose(config_from_dict({"data": raw}).data, batches=20, repeats=2, records=512)
     assert "data.parse=batched" in diagnosis.tuned_overrides
     assert diagnosis.tuned.examples_per_sec > 1.5 * diagnosis.pipeline.examples_per_sec, diagnosis.table()
+
+
+def test_a_per_record_shuffle_before_batch_then_parse_gets_the_window_shuffle(shards):
+    stream = config_from_dict({"data": small_config(shards, shuffle={"buffer_size": 1000, "mode": "stream"})}).data
+    assert [f.overrides for f in findings_for(stream, 2)] == [("data.shuffle.mode=window",)]
+    assert findings_for(config_from_dict({"data": small_config(shards)}).data, 2) == []
 
 
 def test_at_the_limit_there_is_nothing_to_fix(shards):

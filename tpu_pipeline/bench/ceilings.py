@@ -32,6 +32,8 @@ def records_in_memory(config: DataConfig, count: int) -> list[bytes]:
     """The first `count` serialized records the config's source yields (files in listed order)."""
     source = Pipeline.from_config(config).source
     dataset = source.build(tf.distribute.InputContext())
+    if dataset.element_spec.shape.rank == 1:  # blocks of records
+        dataset = dataset.unbatch()
     return list(dataset.take(count).as_numpy_iterator())
 
 

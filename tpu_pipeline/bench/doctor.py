@@ -23,7 +23,7 @@ from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFRecordSour
 from tpu_pipeline.config.loader import apply_overrides
 from tpu_pipeline.ops import get_op
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.builder import parse_mode, record_block
+from tpu_pipeline.pipeline.builder import parse_mode, record_block, shuffle_mode
 
 
 NOISE_SHARE = 0.01  # stages below 1% of the per-example work are within measurement noise
@@ -175,6 +175,12 @@ def findings_for(config: DataConfig, cores: int) -> list[Finding]:
             found.append(Finding(
                 "single records cross the parallel interleave one by one; move them in blocks",
                 ("data.source.record_batch=256",),
+            ))
+        if parse_mode(config) == "batched" and shuffle_mode(config) == "stream":
+            found.append(Finding(
+                "records are shuffled one element at a time (~0.8 us each, as much as reading them); a window "
+                "shuffle permutes a whole window of records with one gather",
+                ("data.shuffle.mode=window",),
             ))
         if source.num_parallel_calls not in ("autotune", 0) and source.num_parallel_calls < 2:
             found.append(Finding("files are read by a single parallel reader", ("data.source.num_parallel_calls=autotune",)))

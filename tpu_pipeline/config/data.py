@@ -136,7 +136,14 @@ class CacheConfig(StrictModel):
 
 class ShuffleConfig(StrictModel):
     enabled: bool = True
-    buffer_size: pydantic.PositiveInt = 10_000
+    buffer_size: pydantic.PositiveInt = pydantic.Field(
+        10_000, description="stream: elements held in the buffer; window: records per window"
+    )
+    mode: Literal["auto", "window", "stream"] = pydantic.Field(
+        "auto", description="window: permute windows of buffer_size serialized records with one gather each "
+        "(batch-then-parse only; ~2x faster on small records); stream: tf.data's shuffle buffer of "
+        "buffer_size elements; auto: window when records are parsed in batches, else stream"
+    )
     seed: Optional[int] = None
     reshuffle_each_iteration: bool = True
 

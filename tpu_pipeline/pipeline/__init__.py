@@ -5,7 +5,8 @@ from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import feature_spec, make_parser
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource, choose_sharding, list_files
 from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WithOptions, per_replica_batch_size,
+    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
+    per_replica_batch_size,
 )
 from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible, tpu_problems
@@ -13,7 +14,7 @@ from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible, tpu_problems
 __all__ = [
     "ArraySource", "Batch", "Cache", "DatasetDirSource", "DatasetInfo", "MapFeatures", "Pipeline", "Prefetch",
     "Repeat", "Shuffle",
-    "TFDSSource", "TFRecordSource", "ToOutputs", "WithOptions", "build_dataset", "check_tpu_compatible",
+    "TFDSSource", "TFRecordSource", "ToOutputs", "WindowShuffle", "WithOptions", "build_dataset", "check_tpu_compatible",
     "choose_sharding", "dataset_info", "feature_spec", "list_files", "make_options", "make_parser",
     "per_replica_batch_size", "source_from_config", "stages_from_config", "tpu_problems",
 ]

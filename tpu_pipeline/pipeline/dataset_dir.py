@@ -84,6 +84,7 @@ class DatasetDirSource:
     deterministic: Optional[bool] = None
     buffer_size: Any = "auto"
     record_batch: int = 0
+    keep_blocks: bool = False
 
     @property
     def compression(self) -> str:
@@ -101,13 +102,15 @@ class DatasetDirSource:
             file_seed=self.file_seed, sharding=self.sharding, cycle_length=self.cycle_length,
             block_length=self.block_length, num_parallel_calls=self.num_parallel_calls,
             deterministic=self.deterministic, buffer_size=self.buffer_size, record_batch=self.record_batch,
+            keep_blocks=self.keep_blocks,
         )
         return source, int(entry["num_examples"])
 
     def build(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
         source, num_examples = self.tfrecord_source()
         dataset = source.build(context)
-        if context.num_input_pipelines <= 1 or self.sharding == "off":
+        blocks = self.record_batch and self.keep_blocks  # then elements are blocks, not examples
+        if (context.num_input_pipelines <= 1 or self.sharding == "off") and not blocks:
             # Every record once: tell tf.data (and Keras) the epoch length, and fail loudly if it is wrong.
             dataset = dataset.apply(tf.data.experimental.assert_cardinality(num_examples))
         return dataset

@@ -71,6 +71,7 @@ class TFRecordSource:
     deterministic: Optional[bool] = None
     buffer_size: Union[int, str] = "auto"
     record_batch: int = 0
+    keep_blocks: bool = False  # with record_batch: yield the blocks (for a WindowShuffle or Batch(records=True))
 
     def tfrecord_files(self) -> list[str]:
         return list_files(self.files)
@@ -103,10 +104,11 @@ class TFRecordSource:
             num_parallel_calls=None if sequential else tune(self.num_parallel_calls),
             deterministic=None if sequential else deterministic,
         )
-        if self.record_batch:
-            dataset = dataset.unbatch()
         if mode == "element":
+            # Blocks come in the same order on every pipeline (deterministic), so sharding them works too.
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        if self.record_batch and not self.keep_blocks:
+            dataset = dataset.unbatch()
         return dataset
 
     def _read_file(self, path: tf.Tensor, buffer: int) -> tf.data.Dataset:
