@@ -54,6 +54,18 @@ def test_same_examples_as_per_example_parsing(shards, parse, record_batch, shuff
     assert candidate == reference
 
 
+def test_unshuffled_batches_are_cut_from_record_blocks_in_file_order(shards):
+    files, _ = shards
+    config = config_from_dict({"data": small_config(files, shuffle={"enabled": False}, source={
+        **small_config(files)["source"], "shuffle_files": False})}).data
+    batches = [b["id"].numpy().tolist() for b in Pipeline.from_config(config).build()]
+    assert [len(b) for b in batches] == [64] * (N // 64) + [N % 64]
+    # write_small_shards round-robins ids over 4 files; the interleave takes 256-record blocks in turn.
+    per_file = [list(range(f, N, 4)) for f in range(4)]
+    expected = [i for start in range(0, N // 4, 256) for ids in per_file for i in ids[start:start + 256]]
+    assert sum(batches, []) == expected
+
+
 def test_batched_pipelines_split_exactly_across_input_pipelines(shards):
     files, _ = shards
     parts = [examples(files, tf.distribute.InputContext(2, i, 2)) for i in range(2)]

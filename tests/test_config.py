@@ -22,7 +22,7 @@ def check_error(raw: dict, *fragments: str) -> str:
 def test_unknown_key_names_the_key_and_the_allowed_ones():
     raw = {"data": data_config("x*")}
     raw["data"]["shuffle"] = {"buffer_size": 10, "sead": 1}
-    check_error(raw, "data.shuffle.sead: unknown key", "allowed keys here: buffer_size, enabled, reshuffle_each_iteration, seed")
+    check_error(raw, "data.shuffle.sead: unknown key", "allowed keys here: buffer_size, enabled, mode, reshuffle_each_iteration, seed")
 
 
 def test_unknown_key_inside_the_source_union():
