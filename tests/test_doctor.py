@@ -76,6 +76,16 @@ def test_a_per_record_shuffle_before_batch_then_parse_gets_the_window_shuffle(sh
     assert findings_for(config_from_dict({"data": small_config(shards)}).data, 2) == []
 
 
+def test_cycle_length_findings_for_local_and_remote_files(shards):
+    one_file_at_a_time = small_config(shards, source={**small_config(shards)["source"], "cycle_length": 1})
+    findings = findings_for(config_from_dict({"data": one_file_at_a_time}).data, 2)
+    assert [f.overrides for f in findings] == [("data.source.cycle_length=4",)]  # all 4 shards at once
+    assert "1 of 4 files" in findings[0].problem
+    remote = small_config("gs://bucket/train-*.tfrecord", source={"type": "tfrecord", "files": "gs://bucket/train-*.tfrecord",
+                                                                  "cycle_length": "autotune"})
+    assert ("data.source.cycle_length=16",) in [f.overrides for f in findings_for(config_from_dict({"data": remote}).data, 2)]
+
+
 def test_at_the_limit_there_is_nothing_to_fix(shards):
     diagnosis = diagnose(config_from_dict({"data": small_config(shards, repeat="forever")}).data, batches=20, repeats=2)
     assert "data.parse=batched" not in diagnosis.tuned_overrides

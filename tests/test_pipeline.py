@@ -159,3 +159,21 @@ def test_batch_not_divisible_by_replicas_names_the_key(tmp_path):
     files = write_jpeg_shards(tmp_path, num=64, num_shards=2)
     with pytest.raises(ConfigError, match=r"data\.batch_size=36 .* 8 replicas.*32 or 40"):
         pipeline_for(files, batch_size=36).build(tf.distribute.InputContext(1, 0, 8))
+
+
+def test_order_is_kept_only_when_a_seed_asks_for_a_repeatable_run(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=16, num_shards=2)
+
+    def ordered(**changes) -> bool:
+        raw = data_config(files)
+        raw["options"] = {}
+        for key, value in changes.items():
+            section, _, name = key.partition("__")
+            raw[section] = {**raw.get(section, {}), name: value} if name else value
+        return Pipeline.from_config(config_from_dict({"data": raw}).data).build().options().deterministic
+
+    assert ordered(shuffle__seed=None, seed=None) is False
+    assert ordered(shuffle__seed=3, seed=None) is True
+    assert ordered(shuffle__seed=None, seed=1) is True
+    assert ordered(shuffle__seed=3, options__deterministic=False) is False
+    assert ordered(shuffle__seed=None, seed=None, options__deterministic=True) is True

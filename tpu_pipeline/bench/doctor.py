@@ -185,6 +185,7 @@ def findings_for(config: DataConfig, cores: int) -> list[Finding]:
         if source.num_parallel_calls not in ("autotune", 0) and source.num_parallel_calls < 2:
             found.append(Finding("files are read by a single parallel reader", ("data.source.num_parallel_calls=autotune",)))
         remote = "://" in str(source.files or source.dir or "")
+        found += _cycle_findings(config, cores, remote)
         if remote and isinstance(source.buffer_size, int) and source.buffer_size < 1 << 20:
             found.append(Finding(
                 f"read buffer of {source.buffer_size} bytes per remote file: small reads are latency-bound on GCS",
@@ -202,6 +203,31 @@ def findings_for(config: DataConfig, cores: int) -> list[Finding]:
             ("data.cache.enabled=true",),
         ))
     return found
+
+
+REMOTE_CYCLE = 16  # files read at once from remote storage: enough requests in flight to hide latency
+
+
+def _cycle_findings(config: DataConfig, cores: int, remote: bool) -> list[Finding]:
+    """The interleave's cycle length: how many files are read at the same time."""
+    cycle = config.source.cycle_length
+    if remote and (cycle == "autotune" or cycle < REMOTE_CYCLE):
+        what = "autotune (about one file per core)" if cycle == "autotune" else str(cycle)
+        return [Finding(
+            f"cycle_length={what} reads that many remote files at a time; each read waits on storage latency, "
+            f"so keep {REMOTE_CYCLE} reads in flight",
+            (f"data.source.cycle_length={REMOTE_CYCLE}",),
+        )]
+    if not remote and cycle != "autotune" and cycle < cores:
+        files = len(Pipeline.from_config(config).source.tfrecord_files())
+        if files > cycle:
+            wanted = min(files, REMOTE_CYCLE)
+            return [Finding(
+                f"cycle_length={cycle}: {cycle} of {files} files read at a time, by as many reader threads, "
+                f"on {cores} cores; the interleave cannot keep the cores fed when reading is the slow part",
+                (f"data.source.cycle_length={wanted}",),
+            )]
+    return []
 
 
 MEASURED_GAIN = 1.1  # a proposal that speeds the pipeline up by 10% or more, measured, is the bottleneck

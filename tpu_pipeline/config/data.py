@@ -163,7 +163,9 @@ class OptionsConfig(StrictModel):
     ram_budget: Optional[pydantic.PositiveInt] = pydantic.Field(None, description="bytes")
     private_threadpool_size: Optional[pydantic.NonNegativeInt] = None
     max_intra_op_parallelism: Optional[pydantic.PositiveInt] = None
-    deterministic: Optional[bool] = None
+    deterministic: Optional[bool] = pydantic.Field(
+        None, description="order of the parallel stages; null: in order only when data.seed or data.shuffle.seed is set"
+    )
     map_parallelization: Optional[bool] = None
     auto_shard_policy: Optional[Literal["auto", "file", "data", "hint", "off"]] = None
     slack: bool = False

@@ -112,6 +112,19 @@ def shuffle_mode(config: DataConfig) -> str:
     return config.shuffle.mode
 
 
+def in_order(config: DataConfig) -> bool:
+    """data.options.deterministic, or when it is unset: in order only when a seed asks for a repeatable run.
+
+    Out of order, a finished element need not wait behind a slow one (a large random crop takes ~3x
+    a small one): with one map call per core, waiting idles a core. On W1 (benchmarks/) the
+    unordered pipeline used ~6% less CPU per image. Per-element augmentation seeds are assigned
+    before the map, so each record's augmentation does not depend on the order either way.
+    """
+    if config.options.deterministic is not None:
+        return config.options.deterministic
+    return config.seed is not None or config.shuffle.seed is not None
+
+
 def _all_ops(config: DataConfig) -> list[tuple[str, Any]]:
     return [(f"data.preprocess[{i}]", op) for i, op in enumerate(config.preprocess)] + [
         (f"data.augment[{i}]", op) for i, op in enumerate(config.augment)
@@ -199,7 +212,7 @@ def stages_from_config(config: DataConfig) -> list[Any]:
     if config.outputs is not None:
         stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets))
     stages.append(Prefetch(config.prefetch))
-    stages.append(WithOptions(make_options(config.options)))
+    stages.append(WithOptions(make_options(config.options.model_copy(update={"deterministic": in_order(config)}))))
     return stages
 
 
