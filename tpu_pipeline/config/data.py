@@ -164,7 +164,8 @@ class OptionsConfig(StrictModel):
     private_threadpool_size: Optional[pydantic.NonNegativeInt] = None
     max_intra_op_parallelism: Optional[pydantic.PositiveInt] = None
     deterministic: Optional[bool] = pydantic.Field(
-        None, description="order of the parallel stages; null: in order only when data.seed or data.shuffle.seed is set"
+        None, description="order of the parallel stages; null: for a tfrecord source in order only when "
+        "data.seed or data.shuffle.seed is set, other sources in order"
     )
     map_parallelization: Optional[bool] = None
     auto_shard_policy: Optional[Literal["auto", "file", "data", "hint", "off"]] = None

@@ -122,6 +122,10 @@ def in_order(config: DataConfig) -> bool:
     """
     if config.options.deterministic is not None:
         return config.options.deterministic
+    if not isinstance(config.source, TFRecordSourceConfig):
+        # TFDS interleaves files itself, by these options: sharding its elements between input
+        # pipelines needs that order. (Our TFRecord source orders its own interleave when it must.)
+        return True
     return config.seed is not None or config.shuffle.seed is not None
 
 
