@@ -205,23 +205,23 @@ def findings_for(config: DataConfig, cores: int) -> list[Finding]:
     return found
 
 
-REMOTE_CYCLE = 16  # files read at once from remote storage: enough requests in flight to hide latency
+FULL_CYCLE = 16  # files read at once (the default): for remote storage, enough reads in flight to hide latency
 
 
 def _cycle_findings(config: DataConfig, cores: int, remote: bool) -> list[Finding]:
     """The interleave's cycle length: how many files are read at the same time."""
     cycle = config.source.cycle_length
-    if remote and (cycle == "autotune" or cycle < REMOTE_CYCLE):
+    if remote and (cycle == "autotune" or cycle < FULL_CYCLE):
         what = "autotune (about one file per core)" if cycle == "autotune" else str(cycle)
         return [Finding(
             f"cycle_length={what} reads that many remote files at a time; each read waits on storage latency, "
-            f"so keep {REMOTE_CYCLE} reads in flight",
-            (f"data.source.cycle_length={REMOTE_CYCLE}",),
+            f"so keep {FULL_CYCLE} reads in flight",
+            (f"data.source.cycle_length={FULL_CYCLE}",),
         )]
     if not remote and cycle != "autotune" and cycle < cores:
         files = len(Pipeline.from_config(config).source.tfrecord_files())
         if files > cycle:
-            wanted = min(files, REMOTE_CYCLE)
+            wanted = min(files, FULL_CYCLE)
             return [Finding(
                 f"cycle_length={cycle}: {cycle} of {files} files read at a time, by as many reader threads, "
                 f"on {cores} cores; the interleave cannot keep the cores fed when reading is the slow part",
