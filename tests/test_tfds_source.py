@@ -103,6 +103,16 @@ def test_config_errors():
             Pipeline.from_config(data_config({"name": "mnist", "skip_decoding": ["pixels"]})).build()
 
 
+def test_unordered_element_sharding_of_a_tfds_split_is_refused(data_dir):
+    config = data_config({"name": "tiny_shapes", "data_dir": data_dir, "interleave_cycle_length": 2},
+                         preprocess=[{"op": "resize", "size": 8}], options={"deterministic": False})
+    assert not Pipeline.from_config(config).source.ordered
+    with pytest.raises(ConfigError, match=r"data.options.deterministic=false: tiny_shapes split 'train' is sharded by "
+                                          r"element between 8 input pipelines.*at least 8 files"):
+        Pipeline.from_config(config).build(tf.distribute.InputContext(8, 0, 8))
+    assert names_of(Pipeline.from_config(config).build())  # one pipeline: nothing to keep disjoint
+
+
 def test_missing_or_unprepared_datasets_are_one_clear_error(tmp_path):
     with pytest.raises(DataError, match="'no_such_dataset_xyz' not found"):
         Pipeline.from_config(data_config({"name": "no_such_dataset_xyz", "data_dir": str(tmp_path)})).build()

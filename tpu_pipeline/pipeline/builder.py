@@ -160,7 +160,7 @@ def source_from_config(config: DataConfig) -> Source:
             return DatasetDirSource(dir=src.dir, split=src.split or "train", **common)
         return TFRecordSource(files=src.files, compression=src.compression, **common)
     if isinstance(src, TFDSSourceConfig):
-        return TFDSSource.from_config(src)  # decoded feature dicts: no parse step follows
+        return TFDSSource.from_config(src, ordered=in_order(config))  # decoded feature dicts: no parse follows
     assert isinstance(src, ArraySourceConfig)
     return ArraySource.from_npz(src.path, sharding=src.sharding)
 

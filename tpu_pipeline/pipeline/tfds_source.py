@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import tensorflow as tf
 
 from tpu_pipeline.config.data import TFDSSourceConfig
-from tpu_pipeline.errors import DataError
+from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.sources import choose_sharding
 from tpu_pipeline.records.tfds_reader import find_feature, import_tfds, label_key, load_builder, not_prepared_error
@@ -61,14 +61,15 @@ class TFDSSource:
     sharding: str = "auto"
     interleave_cycle_length: Union[int, str] = 16
     interleave_block_length: int = 1
+    ordered: bool = True  # the pipeline's tf.data order (TFDS's own interleave follows it)
 
     @classmethod
-    def from_config(cls, config: TFDSSourceConfig) -> "TFDSSource":
+    def from_config(cls, config: TFDSSourceConfig, ordered: bool = True) -> "TFDSSource":
         return cls(
             name=config.name, split=config.split, data_dir=config.data_dir, as_supervised=config.as_supervised,
             features=config.features, skip_decoding=tuple(config.skip_decoding), shuffle_files=config.shuffle_files,
             file_seed=config.file_seed, sharding=config.sharding, interleave_cycle_length=config.interleave_cycle_length,
-            interleave_block_length=config.interleave_block_length,
+            interleave_block_length=config.interleave_block_length, ordered=ordered,
         )
 
     def _check_paths(self, builder: Any) -> None:
@@ -120,6 +121,13 @@ class TFDSSource:
         except (ValueError, KeyError) as error:
             raise DataError(f"{KEY}: TFDS cannot read {self.name} split {self.split!r}: {error}") from None
         if mode == "element":
+            if not self.ordered:
+                raise ConfigError(
+                    f"data.options.deterministic=false: {self.name} split {self.split!r} is sharded by element between "
+                    f"{pipelines} input pipelines, which needs TFDS's file interleave in the same order on every "
+                    "pipeline; unordered, pipelines would read overlapping examples. Set data.options.deterministic "
+                    f"to true (or null), or use a split with at least {pipelines} files"
+                )
             dataset = dataset.shard(pipelines, context.input_pipeline_id)
         if self.as_supervised:
             inputs, targets = supervised
