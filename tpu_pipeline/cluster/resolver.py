@@ -226,15 +226,16 @@ def _gpu(config: ClusterConfig) -> ClusterInfo:
                 f"0..{len(visible) - 1} or drop cluster.gpus."
             )
         devices = [visible[i] for i in config.gpus]
-    strategy = mirrored_strategy(devices)
+    return _one_host(mirrored_strategy(devices), "gpu", "cluster.gpus" if config.gpus is not None else "visible GPUs",
+                     memory=_memory(devices))
+
+
+def _one_host(strategy: tf.distribute.MirroredStrategy, kind: Kind, source: str,
+              memory: Mapping[str, Mapping[str, int]] | None = None) -> ClusterInfo:
+    """A MirroredStrategy on this host: replicas and devices are the strategy's own."""
     return ClusterInfo(
-        strategy=strategy,
-        kind="gpu",
-        num_replicas=strategy.num_replicas_in_sync,
-        num_hosts=1,
-        devices=tuple(strategy.extended.worker_devices),
-        memory=_memory(devices),
-        source="cluster.gpus" if config.gpus is not None else "visible GPUs",
+        strategy=strategy, kind=kind, num_replicas=strategy.num_replicas_in_sync, num_hosts=1,
+        devices=tuple(strategy.extended.worker_devices), memory=memory, source=source,
     )
 
 
@@ -256,15 +257,7 @@ def _cpu(config: ClusterConfig) -> ClusterInfo:
         first_cpu = tf.config.list_logical_devices("CPU")[0].name
         return ClusterInfo(strategy=strategy, kind="cpu", num_replicas=1, num_hosts=1,
                            devices=(first_cpu,))
-    strategy = mirrored_strategy(logical_cpus(config.cpu_replicas))
-    return ClusterInfo(
-        strategy=strategy,
-        kind="cpu",
-        num_replicas=strategy.num_replicas_in_sync,
-        num_hosts=1,
-        devices=tuple(strategy.extended.worker_devices),
-        source="cluster.cpu_replicas",
-    )
+    return _one_host(mirrored_strategy(logical_cpus(config.cpu_replicas)), "cpu", "cluster.cpu_replicas")
 
 
 _MIRRORED: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}

@@ -11,7 +11,7 @@ import csv
 import hashlib
 import io
 import os
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -24,17 +24,9 @@ from tpu_pipeline.system import local_path
 Row = tuple[int, list[str]]  # (line number, fields)
 
 
-def _is_int(text: str) -> bool:
+def _parses(cast: Callable[[str], object], text: str) -> bool:
     try:
-        int(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
+        cast(text)
         return True
     except ValueError:
         return False
@@ -43,9 +35,9 @@ def _is_float(text: str) -> bool:
 def infer_dtype(values: Sequence[str]) -> str:
     """int64, float32 or string for one column (empty cells do not vote)."""
     present = [v.strip() for v in values if v.strip()]
-    if present and all(_is_int(v) for v in present):
+    if present and all(_parses(int, v) for v in present):
         return "int64"
-    if present and all(_is_float(v) for v in present):
+    if present and all(_parses(float, v) for v in present):
         return "float32"
     return "string"
 
