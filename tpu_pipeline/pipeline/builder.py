@@ -182,8 +182,9 @@ def stages_from_config(config: DataConfig) -> list[Any]:
     features = _features(config) if mode != "none" else {}
     pre_ops, pre_random = _ops(config.preprocess)
     aug_ops, aug_random = _ops(config.augment)
-    map_args = dict(seed=config.seed, num_parallel_calls=config.num_parallel_calls, deterministic=config.options.deterministic)
-    batch = Batch(config.batch_size, config.drop_remainder, deterministic=config.options.deterministic)
+    # Order is set once, for the whole pipeline, by WithOptions below; the stages inherit it.
+    map_args = dict(seed=config.seed, num_parallel_calls=config.num_parallel_calls)
+    batch = Batch(config.batch_size, config.drop_remainder)
     shuffle = Shuffle(config.shuffle.buffer_size, config.shuffle.seed, config.shuffle.reshuffle_each_iteration)
     repeat = Repeat(None if config.repeat == "forever" else config.repeat)
     stages: list[Any] = []
@@ -193,7 +194,7 @@ def stages_from_config(config: DataConfig) -> list[Any]:
         if shuffling == "window":
             stages.append(WindowShuffle(
                 config.shuffle.buffer_size, config.shuffle.seed, config.shuffle.reshuffle_each_iteration,
-                num_parallel_calls=config.num_parallel_calls, deterministic=config.options.deterministic,
+                num_parallel_calls=config.num_parallel_calls,
             ))
         stages += [shuffle] if shuffling == "stream" else []
         stages += [repeat, dataclasses.replace(batch, records=True)]
@@ -207,7 +208,7 @@ def stages_from_config(config: DataConfig) -> list[Any]:
             stages.append(MapFeatures(ops=pre_ops, random_ops=pre_random, parse=parse, name="preprocess", **map_args))
             stages.append(Cache(config.cache.path))
             parse, pre_ops, pre_random = None, [], []
-        stages += [shuffle] if config.shuffle.enabled else []
+        stages += [shuffle] if shuffling == "stream" else []
         stages.append(repeat)
         stages.append(MapFeatures(
             ops=pre_ops + aug_ops, random_ops=pre_random + aug_random, parse=parse, name="preprocess_augment", **map_args
