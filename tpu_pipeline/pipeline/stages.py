@@ -17,6 +17,24 @@ Features = dict[str, Any]
 
 
 
+def _seed_pairs(seed: Optional[int], rerandomize_each_iteration: Optional[bool] = None) -> tf.data.Dataset:
+    """An endless dataset of `int64[2]` stateless seeds; its state is the iterator's (checkpointable)."""
+    return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=rerandomize_each_iteration).batch(2, drop_remainder=True)
+
+
+def _parallel_map(dataset: tf.data.Dataset, fn: Callable, num_parallel_calls: Union[int, str],
+                 deterministic: Optional[bool], name: str) -> tf.data.Dataset:
+    """`dataset.map`, where one call at a time runs in the consumer's thread.
+
+    A parallel map of one would hand every element to another thread and back, which costs more
+    than a cheap function.
+    """
+    calls = tune(num_parallel_calls)
+    if calls == 1:
+        return dataset.map(fn, name=name)
+    return dataset.map(fn, num_parallel_calls=calls, deterministic=deterministic, name=name)
+
+
 @dataclasses.dataclass(frozen=True)
 class MapFeatures:
     """One parallel map: optional parse, then ops in order. Fused so each element crosses threads once.
@@ -56,20 +74,11 @@ class MapFeatures:
             return dataset
         if self.needs_seed:
             seed = None if self.seed is None else self.seed + 1_000_003 * context.input_pipeline_id
-            seeds = tf.data.Dataset.random(seed=seed).batch(2, drop_remainder=True)
-            dataset = tf.data.Dataset.zip((dataset, seeds))
+            dataset = tf.data.Dataset.zip((dataset, _seed_pairs(seed)))
             fn = self.transform
         else:
             fn = lambda element: self.transform(element)  # noqa: E731
-        calls = tune(self.num_parallel_calls)
-        return dataset.map(
-            fn,
-            # One call at a time runs in the consumer's thread: a parallel map of one would hand
-            # every element to another thread and back, which costs more than a cheap op.
-            num_parallel_calls=None if calls == 1 else calls,
-            deterministic=None if calls == 1 else self.deterministic,
-            name=self.name,
-        )
+        return _parallel_map(dataset, fn, self.num_parallel_calls, self.deterministic, self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,18 +136,13 @@ class WindowShuffle:
             )
         windows = dataset.batch(self.window) if spec.shape.rank == 0 else dataset.rebatch(self.window)
         seed = None if self.seed is None else self.seed + context.input_pipeline_id
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=self.reshuffle_each_iteration)
-        windows = tf.data.Dataset.zip((windows, seeds.batch(2, drop_remainder=True)))
+        windows = tf.data.Dataset.zip((windows, _seed_pairs(seed, self.reshuffle_each_iteration)))
 
         def permute(records: tf.Tensor, window_seed: tf.Tensor) -> tf.Tensor:
             order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(records)[0]), seed=window_seed)
             return tf.gather(records, order)
 
-        calls = tune(self.num_parallel_calls)
-        return windows.map(
-            permute, num_parallel_calls=None if calls == 1 else calls,
-            deterministic=None if calls == 1 else self.deterministic, name="window_shuffle",
-        )
+        return _parallel_map(windows, permute, self.num_parallel_calls, self.deterministic, "window_shuffle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,10 +173,10 @@ def per_replica_batch_size(global_batch_size: int, context: tf.distribute.InputC
 class Batch:
     """Batches the per-replica share of the GLOBAL batch; drop_remainder keeps shapes static for TPUs.
 
-    Sequential by default: the copy into the batch then happens while each element is still in
-    cache, in the thread that consumes it. A parallel batch (num_parallel_calls) keeps several
-    batches in flight; with batches of images (128 x 224x224x3 bfloat16 = 38 MB) that cost ~4% of
-    the CPU on W1 (benchmarks/README.md).
+    Sequential by default: on W1 (128 images of 224x224x3 bfloat16, 38 MB a batch) a parallel
+    batch (num_parallel_calls) cost ~4% more CPU per image than a plain one (benchmarks/README.md),
+    likely because tf.data fuses a parallel map with a following plain batch, and not with a
+    parallel one.
     """
 
     global_batch_size: int
