@@ -71,18 +71,8 @@ def steady_state_work(config: DataConfig, records: list[bytes]) -> tuple[DataCon
 def one_thread_work(config: DataConfig, records: list[bytes]) -> tf.data.Dataset:
     """The steady-state per-example work of `config` on in-memory data, all on one thread."""
     work, source = steady_state_work(config, records)
-    return Pipeline(source=source, stages=sequential_stages(work)).build().with_options(single_thread_options())
-
-
-def sequential_stages(config: DataConfig) -> list:
-    """The config's stages with every parallel step made sequential (runs in the consumer's thread)."""
-    from tpu_pipeline.pipeline.builder import stages_from_config
-    from tpu_pipeline.pipeline.stages import Batch, ToOutputs
-
-    return [
-        dataclasses.replace(stage, num_parallel_calls=None) if isinstance(stage, (Batch, ToOutputs)) else stage
-        for stage in stages_from_config(config)
-    ]
+    # in_memory_config made every map sequential; Batch and ToOutputs are sequential by default.
+    return Pipeline.from_config(work, source=source).build().with_options(single_thread_options())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from tpu_pipeline.bench.ceilings import (
-    Ceilings, InMemoryRecords, in_memory_config, measure_ceilings, records_in_memory, sequential_stages, single_thread_options,
+    Ceilings, InMemoryRecords, in_memory_config, measure_ceilings, records_in_memory, single_thread_options,
 )
 from tpu_pipeline.bench.measure import Measurement, available_cores, measure, measure_for, summarize
 from tpu_pipeline.config.base import validate
@@ -137,7 +137,7 @@ def stage_costs(config: DataConfig, records: list[bytes], seconds: float = 0.4, 
         return base.model_copy(update=update)
 
     def per_example(prefix_config: DataConfig) -> float:
-        dataset = Pipeline(source=source, stages=sequential_stages(prefix_config)).build()
+        dataset = Pipeline.from_config(prefix_config, source=source).build()
         return 1.0 / _one_thread(dataset, seconds, repeats).examples_per_sec
 
     costs: list[StageCost] = []
