@@ -18,3 +18,10 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def available_memory_bytes() -> int:
+    """Memory the OS could give this process now without swapping (what a cache may take a share of)."""
+    import psutil  # noqa: PLC0415 (only the callers that size caches need it)
+
+    return int(psutil.virtual_memory().available)

@@ -30,7 +30,8 @@ def single_thread_options() -> tf.data.Options:
 
 def records_in_memory(config: DataConfig, count: int) -> list[bytes]:
     """The first `count` serialized records the config's source yields (files in listed order)."""
-    source = Pipeline.from_config(config).source
+    uncached = config.model_copy(update={"cache": config.cache.model_copy(update={"records": False})})
+    source = Pipeline.from_config(uncached).source
     dataset = source.build(tf.distribute.InputContext())
     if dataset.element_spec.shape.rank == 1:  # blocks of records
         dataset = dataset.unbatch()
@@ -41,7 +42,7 @@ def in_memory_config(config: DataConfig) -> DataConfig:
     """The same per-example work, sequential: no shuffle, no cache, parallelism 1, repeat forever."""
     return config.model_copy(update={
         "shuffle": config.shuffle.model_copy(update={"enabled": False}),
-        "cache": config.cache.model_copy(update={"enabled": False}),
+        "cache": config.cache.model_copy(update={"enabled": False, "records": False}),
         "repeat": "forever", "num_parallel_calls": 1, "prefetch": 0,
         "options": config.options.model_copy(update={  # the same as single_thread_options()
             "autotune": False, "private_threadpool_size": 1, "max_intra_op_parallelism": 1, "map_parallelization": False,

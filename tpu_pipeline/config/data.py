@@ -130,8 +130,13 @@ class OpConfig(StrictModel):
 
 
 class CacheConfig(StrictModel):
-    enabled: bool = False
+    enabled: bool = pydantic.Field(False, description="cache the parsed, preprocessed examples (before augment)")
     path: str = pydantic.Field("", description="'' caches in memory; a path caches to files (one per input pipeline)")
+    records: Union[Literal["auto"], bool] = pydantic.Field(
+        "auto", description="hold the serialized TFRecord records in memory after the first epoch, so later "
+        "epochs read no file, and shuffle all of them each epoch; auto: when the files total at most 1 GiB "
+        "and 1/8 of the available memory, the pipeline repeats, and enabled is false"
+    )
 
 
 class ShuffleConfig(StrictModel):

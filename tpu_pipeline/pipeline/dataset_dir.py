@@ -85,6 +85,7 @@ class DatasetDirSource:
     buffer_size: Any = "auto"
     record_batch: int = 0
     keep_blocks: bool = False
+    cache_records: bool = False
 
     @property
     def compression(self) -> str:
@@ -102,7 +103,7 @@ class DatasetDirSource:
             file_seed=self.file_seed, sharding=self.sharding, cycle_length=self.cycle_length,
             block_length=self.block_length, num_parallel_calls=self.num_parallel_calls,
             deterministic=self.deterministic, buffer_size=self.buffer_size, record_batch=self.record_batch,
-            keep_blocks=self.keep_blocks,
+            keep_blocks=self.keep_blocks, cache_records=self.cache_records,
         )
         return source, int(entry["num_examples"])
 

@@ -72,6 +72,7 @@ class TFRecordSource:
     buffer_size: Union[int, str] = "auto"
     record_batch: int = 0
     keep_blocks: bool = False  # with record_batch: yield the blocks (for a WindowShuffle or Batch(records=True))
+    cache_records: bool = False  # hold what the interleave yields in memory after the first pass
 
     def tfrecord_files(self) -> list[str]:
         return list_files(self.files)
@@ -107,6 +108,10 @@ class TFRecordSource:
         if mode == "element":
             # Blocks come in the same order on every pipeline (deterministic), so sharding them works too.
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        if self.cache_records:
+            # Later epochs replay this pipeline's records from memory: no file read, no CRC, no copy.
+            # The cache freezes the first epoch's order, so the builder shuffles all of them after it.
+            dataset = dataset.cache()
         if self.record_batch and not self.keep_blocks:
             dataset = dataset.unbatch()
         return dataset

@@ -1,0 +1,149 @@
+"""data.cache.records: serialized records held in memory after epoch 1, every epoch a full shuffle."""
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_pipeline.bench.doctor import findings_for
+from tpu_pipeline.config import config_from_dict
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline import builder
+from tpu_pipeline.pipeline.builder import caches_records, parse_mode
+from tpu_pipeline.records.writer import write_metadata, write_split
+
+from helpers import data_config, jpeg_examples, small_config, write_jpeg_shards, write_small_shards
+
+N_IMAGES = 120
+
+
+def images(files: str, **overrides):
+    """A per-example JPEG pipeline that repeats (what auto caches), ids as the only output."""
+    config = data_config(files, repeat="forever", batch_size=40, parse="per_example", **overrides)
+    config["preprocess"] = [{"op": "cast", "key": "id", "dtype": "int32"}, {"op": "keep", "keys": ["id"]}]
+    config["shuffle"] = {"buffer_size": 2}  # a tiny buffer: any real mixing comes from the full shuffle
+    config["options"] = {"deterministic": None}
+    return config_from_dict({"data": config}).data
+
+
+def epochs(dataset: tf.data.Dataset, batches_per_epoch: int, count: int, before_each=None) -> list[list[int]]:
+    iterator = iter(dataset)
+    out = []
+    for epoch in range(count):
+        if before_each:
+            before_each(epoch)
+        ids = [int(i) for _ in range(batches_per_epoch) for i in next(iterator)["id"].numpy()]
+        out.append(ids)
+    return out
+
+
+def delete_files_after_first_epoch(pattern: str):
+    def before(epoch: int) -> None:
+        if epoch == 1:
+            for path in glob.glob(pattern):
+                os.remove(path)
+    return before
+
+
+def mean_move(first: list[int], second: list[int]) -> float:
+    where = {value: index for index, value in enumerate(first)}
+    return float(np.mean([abs(where[value] - index) for index, value in enumerate(second)]))
+
+
+def test_auto_caches_uncompressed_files_that_fit_for_repeated_pipelines(tmp_path, monkeypatch):
+    files = write_jpeg_shards(tmp_path / "plain", N_IMAGES, 4)
+    config = images(files)
+    assert caches_records(config)
+    assert not caches_records(config.model_copy(update={"repeat": 1}))  # one pass: nothing to reuse
+    assert not caches_records(config.model_copy(update={"cache": config.cache.model_copy(update={"enabled": True})}))
+    assert not caches_records(config.model_copy(update={"cache": config.cache.model_copy(update={"records": False})}))
+    gzipped = write_jpeg_shards(tmp_path / "gz", N_IMAGES, 4, compression="GZIP")
+    assert not caches_records(images(gzipped).model_copy(update={
+        "source": config.source.model_copy(update={"files": gzipped, "compression": "GZIP"})}))
+    size = sum(os.path.getsize(p) for p in glob.glob(files))
+    monkeypatch.setattr(builder, "RECORD_CACHE_MAX_BYTES", size - 1)
+    assert not caches_records(config)
+    monkeypatch.setattr(builder, "RECORD_CACHE_MAX_BYTES", size)
+    assert caches_records(config)
+
+
+def test_explicit_true_is_refused_where_it_cannot_apply(tmp_path):
+    config = images(write_jpeg_shards(tmp_path, N_IMAGES, 4))
+    both = config.model_copy(update={"cache": config.cache.model_copy(update={"enabled": True, "records": True})})
+    with pytest.raises(ConfigError, match="data.cache.records=false"):
+        caches_records(both)
+    np.savez(tmp_path / "arrays.npz", x=np.zeros((4, 2)))
+    arrays = config_from_dict({"data": {"source": {"type": "arrays", "path": str(tmp_path / "arrays.npz")},
+                                        "cache": {"records": True}, "batch_size": 2}}).data
+    with pytest.raises(ConfigError, match="data.cache.enabled=true"):
+        caches_records(arrays)
+
+
+def test_later_epochs_read_no_file_and_each_is_a_full_shuffle(tmp_path):
+    files = write_jpeg_shards(tmp_path, N_IMAGES, 4)
+    config = images(files)
+    assert parse_mode(config) == "per_example"
+    dataset = Pipeline.from_config(config).build()
+    first, second, third = epochs(dataset, N_IMAGES // 40, 3, delete_files_after_first_epoch(files))
+    assert not glob.glob(files)  # epochs 2 and 3 came from memory
+    for epoch in (first, second, third):
+        assert sorted(epoch) == list(range(N_IMAGES))
+    # Two independent uniform permutations of n move a record (n^2 - 1) / 3n places on average
+    # (40 here); replaying the cached order through a 2-element buffer would move it ~1.
+    assert 0.25 * N_IMAGES < mean_move(second, third) < 0.42 * N_IMAGES
+    assert 0.25 * N_IMAGES < mean_move(first, second) < 0.42 * N_IMAGES
+
+
+def test_without_the_cache_a_deleted_file_is_an_error(tmp_path):
+    files = write_jpeg_shards(tmp_path, N_IMAGES, 4)
+    config = images(files)
+    uncached = config.model_copy(update={"cache": config.cache.model_copy(update={"records": False})})
+    with pytest.raises(tf.errors.NotFoundError):
+        epochs(Pipeline.from_config(uncached).build(), N_IMAGES // 40, 2, delete_files_after_first_epoch(files))
+
+
+def test_batch_then_parse_caches_blocks_and_reshuffles_their_windows(tmp_path):
+    files, values = write_small_shards(tmp_path, 2048, 4)
+    config = config_from_dict({"data": small_config(
+        files, repeat="forever", shuffle={"buffer_size": 512}, options={"deterministic": None})}).data
+    assert parse_mode(config) == "batched" and caches_records(config)
+    dataset = Pipeline.from_config(config).build()
+    iterator = iter(dataset)
+    seen = []
+    for epoch in range(3):
+        if epoch == 1:
+            delete_files_after_first_epoch(files)(1)
+        batches = [next(iterator) for _ in range(2048 // 64)]
+        ids = np.concatenate([b["id"].numpy() for b in batches])
+        rows = np.concatenate([b["features"].numpy() for b in batches])
+        assert sorted(ids.tolist()) == list(range(2048))
+        np.testing.assert_array_equal(rows, values[ids])  # each record parsed to its own values
+        seen.append(ids.tolist())
+    # Windows of 512 are drawn from a full shuffle of the cached 256-record blocks, so records
+    # leave their first-epoch neighbourhood: far more than the ~170 a fixed window would allow.
+    assert mean_move(seen[1], seen[2]) > 400
+
+
+def test_a_converted_dataset_dir_is_cached_with_its_exact_epoch(tmp_path):
+    split = write_split(jpeg_examples(N_IMAGES), str(tmp_path), "train", 4)
+    write_metadata(str(tmp_path), {"name": "t", "features": {"image": {"dtype": "string"}, "label": {"dtype": "int64"},
+                                                             "id": {"dtype": "int64"}}, "splits": {"train": split}})
+    config = images("unused").model_copy()
+    source = config.source.model_copy(update={"files": None, "dir": str(tmp_path), "split": "train"})
+    config = config.model_copy(update={"source": source})
+    assert caches_records(config)
+    pattern = str(tmp_path / "train-*.tfrecord")
+    for epoch in epochs(Pipeline.from_config(config).build(), N_IMAGES // 40, 3, delete_files_after_first_epoch(pattern)):
+        assert sorted(epoch) == list(range(N_IMAGES))
+
+
+def test_doctor_proposes_the_record_cache_when_the_files_fit_but_it_is_off(tmp_path):
+    config = images(write_jpeg_shards(tmp_path, N_IMAGES, 4))
+    off = config.model_copy(update={"cache": config.cache.model_copy(update={"records": False})})
+    proposals = [fix for finding in findings_for(off, 2) for fix in finding.overrides]
+    assert "data.cache.records=true" in proposals
+    assert "data.cache.records=true" not in [fix for f in findings_for(config, 2) for fix in f.overrides]
