@@ -64,6 +64,11 @@ def test_auto_caches_uncompressed_files_that_fit_for_repeated_pipelines(tmp_path
     gzipped = write_jpeg_shards(tmp_path / "gz", N_IMAGES, 4, compression="GZIP")
     assert not caches_records(images(gzipped).model_copy(update={
         "source": config.source.model_copy(update={"files": gzipped, "compression": "GZIP"})}))
+    small, _ = write_small_shards(tmp_path / "small", 512, 2)
+    batched = config_from_dict({"data": small_config(small, repeat="forever")}).data
+    assert caches_records(batched)  # blocks of records, then a window shuffle: cached
+    stream = batched.model_copy(update={"shuffle": batched.shuffle.model_copy(update={"mode": "stream"})})
+    assert not caches_records(stream)  # a full shuffle of single small records costs more than it saves
     size = sum(os.path.getsize(p) for p in glob.glob(files))
     monkeypatch.setattr(builder, "RECORD_CACHE_MAX_BYTES", size - 1)
     assert not caches_records(config)
