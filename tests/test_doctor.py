@@ -112,7 +112,7 @@ def test_bench_and_doctor_json_have_the_documented_fields(shards, tmp_path):
     assert set(bench) >= {"section", "cores", "median", "runs", "ceilings", "fraction_of_limit"}
     assert set(bench["median"]) == measurement_fields and len(bench["runs"]) == 2
     assert set(bench["ceilings"]) == {"compute_bound_examples_per_sec", "one_thread_examples_per_sec",
-                                      "read_bound_examples_per_sec", "limit_examples_per_sec"}
+                                      "read_bound_examples_per_sec", "reads_files_every_epoch", "limit_examples_per_sec"}
     assert bench["median"]["examples"] == 10 * 64
 
     doctor_json, tuned_yaml, chart = tmp_path / "doctor.json", tmp_path / "tuned.yaml", tmp_path / "stages.png"

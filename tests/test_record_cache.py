@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tpu_pipeline.bench.ceilings import Ceilings
 from tpu_pipeline.bench.doctor import findings_for
+from tpu_pipeline.bench.measure import Measurement
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
@@ -152,3 +154,12 @@ def test_doctor_proposes_the_record_cache_when_the_files_fit_but_it_is_off(tmp_p
     proposals = [fix for finding in findings_for(off, 2) for fix in finding.overrides]
     assert "data.cache.records=true" in proposals
     assert "data.cache.records=true" not in [fix for f in findings_for(config, 2) for fix in f.overrides]
+
+
+def test_with_the_records_cached_the_read_ceiling_limits_only_the_first_epoch():
+    def rate(examples_per_sec: float) -> Measurement:
+        return Measurement(examples_per_sec, 1.0, 1.0, 1e-3, 1.0, 0, 1.0, 1, 1)
+    reading = Ceilings(one_thread=rate(100.0), cores=2, read=rate(150.0))
+    assert reading.limit == 150.0
+    cached = Ceilings(one_thread=rate(100.0), cores=2, read=rate(150.0), reads_files_every_epoch=False)
+    assert cached.limit == 200.0 and cached.as_dict()["reads_files_every_epoch"] is False

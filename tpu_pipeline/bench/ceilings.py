@@ -3,7 +3,8 @@
 (a) compute-bound: the one-thread rate of the per-example work (parse, every op, batch) on records
     already in memory, times the cores the pipeline may use;
 (b) read-bound: the rate of reading the files sequentially and batching, with no parse.
-A pipeline at its limit reaches the lower of the two.
+A pipeline at its limit reaches the lower of the two; with a cache (records or examples), files
+are read in the first epoch only, and (a) alone is the limit after it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tpu_pipeline.bench.measure import Measurement, measure_for, summarize
 from tpu_pipeline.config.data import ArraySourceConfig, DataConfig
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline._common import read_buffer
+from tpu_pipeline.pipeline.builder import caches_records
 
 
 def single_thread_options() -> tf.data.Options:
@@ -112,6 +114,7 @@ class Ceilings:
     one_thread: Measurement
     cores: int
     read: Optional[Measurement]
+    reads_files_every_epoch: bool = True  # False with a cache: (b) then limits only the first epoch
 
     @property
     def compute_bound(self) -> float:
@@ -123,7 +126,17 @@ class Ceilings:
 
     @property
     def limit(self) -> float:
-        return min(x for x in (self.compute_bound, self.read_bound) if x is not None)
+        read = self.read_bound if self.reads_files_every_epoch else None
+        return min(x for x in (self.compute_bound, read) if x is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "compute_bound_examples_per_sec": self.compute_bound,
+            "one_thread_examples_per_sec": self.one_thread.examples_per_sec,
+            "read_bound_examples_per_sec": self.read_bound,
+            "reads_files_every_epoch": self.reads_files_every_epoch,
+            "limit_examples_per_sec": self.limit,
+        }
 
 
 def measure_ceilings(
@@ -133,4 +146,5 @@ def measure_ceilings(
     memory = records_in_memory(config, records)
     one = summarize(measure_for(one_thread_work(config, memory), seconds, warmup, repeats))
     read = summarize(measure_for(sequential_read(config), seconds, warmup, repeats))
-    return Ceilings(one_thread=one, cores=cores, read=read)
+    cached = config.cache.enabled or caches_records(config)
+    return Ceilings(one_thread=one, cores=cores, read=read, reads_files_every_epoch=not cached)

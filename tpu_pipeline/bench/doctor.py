@@ -68,12 +68,7 @@ class Diagnosis:
         return {
             "cores": self.cores,
             "pipeline": self.pipeline.as_dict(),
-            "ceilings": {
-                "compute_bound_examples_per_sec": self.ceilings.compute_bound,
-                "one_thread_examples_per_sec": self.ceilings.one_thread.examples_per_sec,
-                "read_bound_examples_per_sec": self.ceilings.read_bound,
-                "limit_examples_per_sec": self.ceilings.limit,
-            },
+            "ceilings": self.ceilings.as_dict(),
             "fraction_of_limit": self.fraction_of_limit,
             "stages": [
                 {"name": s.name, "seconds_per_example": s.seconds_per_example, "examples_per_sec_one_thread": s.examples_per_sec}
@@ -98,7 +93,8 @@ class Diagnosis:
         lines += [
             "",
             f"ceiling (a) compute-bound: {c.compute_bound:,.0f} examples/s ({c.one_thread.examples_per_sec:,.0f} on one thread x {self.cores} cores)",
-            f"ceiling (b) read-bound:    {c.read_bound:,.0f} examples/s (files read sequentially and batched, no parse)"
+            f"ceiling (b) read-bound:    {c.read_bound:,.0f} examples/s (files read sequentially and batched, no parse"
+            + ("" if c.reads_files_every_epoch else "; first epoch only: cached after it") + ")"
             if c.read_bound else "ceiling (b) read-bound:    n/a",
             f"pipeline as configured:    {self.pipeline.examples_per_sec:,.0f} examples/s = {self.fraction_of_limit:.2f} of the limit, "
             f"{self.pipeline.cores_used:.2f} cores, {self.pipeline.cpu_seconds_per_example * 1e6:.1f} us CPU/example",
@@ -216,7 +212,7 @@ def _record_cache_findings(config: DataConfig) -> list[Finding]:
     if size is None:
         return []
     return [Finding(
-        f"every epoch reads the {size / 2**20:,.0f} MiB of record files again (~80 us of CPU per 100 KB record "
+        f"every epoch reads the {size / 2**20:,.0f} MiB of record files again (~55 us of CPU per 100 KB record "
         "here: copy, CRC, allocation); they fit in memory",
         ("data.cache.records=true",),
     )]
@@ -258,7 +254,7 @@ def _name_bottleneck(stages: list[StageCost], ceilings: Ceilings, fraction: floa
     costliest = f"costliest stage: {worst.name}, {share:.0%} of the per-example work"
     if findings and speedup is not None and speedup >= MEASURED_GAIN:
         return f"configuration: {findings[0].problem} (the fixes below measured {speedup:.2f}x; {costliest})"
-    bound = "read-bound (storage)" if ceilings.read_bound and ceilings.read_bound < ceilings.compute_bound else "compute-bound"
+    bound = "read-bound (storage)" if ceilings.limit < ceilings.compute_bound else "compute-bound"
     if fraction >= 0.9:
         return f"at the limit ({bound}); {costliest}"
     return f"{worst.name}: the pipeline reaches {fraction:.0%} of the limit ({costliest})"

@@ -178,8 +178,8 @@ def record_cache_budget() -> int:
 def caches_records(config: DataConfig) -> bool:
     """data.cache.records: whether the source holds its serialized records in memory after epoch 1.
 
-    Reading a ~100 KB record costs ~80 µs of CPU here (copy, CRC, allocation): ~6% of the work per
-    JPEG on W1 (benchmarks/), and a part no number of decode threads hides. Once the records are in
+    Reading a ~100 KB record costs ~55 µs of CPU here (copy, CRC, allocation): ~4% of the work per
+    JPEG on W1 (benchmarks/README.md), and a part no number of decode threads hides. Once the records are in
     memory, every later epoch skips it. auto caches uncompressed files that fit the budget, for
     pipelines that repeat, when the parsed examples are not cached already. The price: each epoch
     starts by filling the full shuffle buffer on one thread (~1 µs an element), cheap next to
