@@ -63,6 +63,10 @@ def test_auto_caches_uncompressed_files_that_fit_for_repeated_pipelines(tmp_path
     assert not caches_records(config.model_copy(update={"repeat": 1}))  # one pass: nothing to reuse
     assert not caches_records(config.model_copy(update={"cache": config.cache.model_copy(update={"enabled": True})}))
     assert not caches_records(config.model_copy(update={"cache": config.cache.model_copy(update={"records": False})}))
+    unshuffled = config.model_copy(update={"shuffle": config.shuffle.model_copy(update={"enabled": False})})
+    assert not caches_records(unshuffled)  # the cache would freeze the per-epoch file order
+    fixed_order = unshuffled.model_copy(update={"source": config.source.model_copy(update={"shuffle_files": False})})
+    assert caches_records(fixed_order)  # nothing random to freeze
     gzipped = write_jpeg_shards(tmp_path / "gz", N_IMAGES, 4, compression="GZIP")
     assert not caches_records(images(gzipped).model_copy(update={
         "source": config.source.model_copy(update={"files": gzipped, "compression": "GZIP"})}))

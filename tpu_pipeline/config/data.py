@@ -134,8 +134,9 @@ class CacheConfig(StrictModel):
     path: str = pydantic.Field("", description="'' caches in memory; a path caches to files (one per input pipeline)")
     records: Union[Literal["auto"], bool] = pydantic.Field(
         "auto", description="hold the serialized TFRecord records in memory after the first epoch, so later "
-        "epochs read no file, and shuffle all of them each epoch; auto: when the files total at most 1 GiB "
-        "and 1/8 of the available memory, the pipeline repeats, and enabled is false"
+        "epochs read no file, and shuffle all of them each epoch; auto: uncompressed files of at most 1 GiB "
+        "and 1/8 of the available memory, a repeating pipeline, enabled false, shuffled records (or unshuffled "
+        "files), and not batch-then-parse with shuffle.mode=stream"
     )
 
 

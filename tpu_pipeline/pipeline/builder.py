@@ -181,7 +181,8 @@ def caches_records(config: DataConfig) -> bool:
     Reading a ~100 KB record costs ~55 µs of CPU here (copy, CRC, allocation): ~4% of the work per
     JPEG on W1 (benchmarks/README.md), and a part no number of decode threads hides. Once the records are in
     memory, every later epoch skips it. auto caches uncompressed files that fit the budget, for
-    pipelines that repeat, when the parsed examples are not cached already. The price: each epoch
+    pipelines that repeat, when the parsed examples are not cached already and the cache would not
+    freeze a per-epoch file order that no record shuffle replaces. The price: each epoch
     starts by filling the full shuffle buffer on one thread (~1 µs an element), cheap next to
     per-example work or for blocks of records, but not for single small records in a
     batch-then-parse pipeline with shuffle.mode=stream, which auto therefore leaves uncached.
@@ -203,6 +204,8 @@ def caches_records(config: DataConfig) -> bool:
         return True
     if not isinstance(source, TFRecordSourceConfig) or config.cache.enabled or config.repeat == 1:
         return False
+    if not config.shuffle.enabled and source.shuffle_files:
+        return False  # no shuffle after the cache to stand in for the per-epoch file order it would freeze
     if parse_mode(config) == "batched" and shuffle_mode(config) == "stream":
         # The full shuffle after the cache would hold single small records: refilling it each epoch
         # (~1 us a record, on one thread) stalls the parallel parse for longer than reading saves.
