@@ -92,6 +92,8 @@ def test_explicit_true_is_refused_where_it_cannot_apply(tmp_path):
                                         "cache": {"records": True}, "batch_size": 2}}).data
     with pytest.raises(ConfigError, match="data.cache.enabled=true"):
         caches_records(arrays)
+    with pytest.raises(ConfigError, match="data.cache.enabled=true"):
+        Pipeline.from_config(arrays)  # building the pipeline refuses it too
 
 
 def test_later_epochs_read_no_file_and_each_is_a_full_shuffle(tmp_path):

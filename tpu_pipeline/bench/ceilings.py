@@ -14,10 +14,10 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from tpu_pipeline.bench.measure import Measurement, measure_for, summarize
-from tpu_pipeline.config.data import ArraySourceConfig, DataConfig
+from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFRecordSourceConfig
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline._common import read_buffer
-from tpu_pipeline.pipeline.builder import caches_records
+from tpu_pipeline.pipeline.builder import caches_records, tfrecord_files
 
 
 def single_thread_options() -> tf.data.Options:
@@ -99,12 +99,10 @@ class _Elements:
 
 def sequential_read(config: DataConfig) -> tf.data.Dataset:
     """Files read one after the other and batched (global batch), no parse: what storage allows."""
-    source = Pipeline.from_config(config).source
-    files = source.tfrecord_files() if hasattr(source, "tfrecord_files") else None
-    if files is None:
+    if not isinstance(config.source, TFRecordSourceConfig):
         raise ValueError("the read ceiling needs a TFRecord source")
-    compression = getattr(source, "compression", "")
-    buffer = read_buffer(getattr(source, "buffer_size", "auto"), files[0])
+    files, compression = tfrecord_files(config.source)
+    buffer = read_buffer(config.source.buffer_size, files[0])
     dataset = tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=buffer)
     return dataset.repeat().batch(config.batch_size, drop_remainder=True).with_options(single_thread_options())
 

@@ -73,7 +73,11 @@ class Pipeline:
 
         `source` replaces the config's source, e.g. `ArraySource(arrays)` from Python.
         """
-        return cls(source=source or source_from_config(config), stages=stages_from_config(config), check_tpu=target == "tpu")
+        source = source or source_from_config(config)
+        # The stages follow what the source does, not a second look at the files and free memory,
+        # which could answer differently (a cached source needs the full shuffle after it).
+        stages = stages_from_config(config, records_cached=getattr(source, "cache_records", False))
+        return cls(source=source, stages=stages, check_tpu=target == "tpu")
 
 
 BATCHED_RECORD_BLOCK = 256  # records per interleave element when parsing whole batches
@@ -217,6 +221,7 @@ def caches_records(config: DataConfig) -> bool:
 
 def source_from_config(config: DataConfig) -> Source:
     src = config.source
+    cache_records = caches_records(config)  # also refuses data.cache.records=true where it cannot apply
     if isinstance(src, TFRecordSourceConfig):
         common = dict(
             shuffle_files=src.shuffle_files, file_seed=src.file_seed, sharding=src.sharding,
@@ -225,7 +230,7 @@ def source_from_config(config: DataConfig) -> Source:
             buffer_size=src.buffer_size, record_batch=record_block(config),
             # Batch-then-parse without a per-record shuffle cuts batches straight from the blocks.
             keep_blocks=parse_mode(config) == "batched" and shuffle_mode(config) != "stream",
-            cache_records=caches_records(config),
+            cache_records=cache_records,
         )
         if src.dir is not None:
             return DatasetDirSource(dir=src.dir, split=src.split or "train", **common)
@@ -247,7 +252,11 @@ def _features(config: DataConfig) -> dict[str, Any]:
     return dict(config.features) or (dir_features(source.dir) if getattr(source, "dir", None) else {})
 
 
-def stages_from_config(config: DataConfig) -> list[Any]:
+def stages_from_config(config: DataConfig, records_cached: Optional[bool] = None) -> list[Any]:
+    """The stages after the source. `records_cached`: whether the source caches its records
+    (None: decide from the config, as source_from_config does)."""
+    if records_cached is None:
+        records_cached = caches_records(config)
     mode = parse_mode(config)
     shuffling = shuffle_mode(config)  # validates data.shuffle.mode against the parse mode
     features = _features(config) if mode != "none" else {}
@@ -257,7 +266,7 @@ def stages_from_config(config: DataConfig) -> list[Any]:
     map_args = dict(seed=config.seed, num_parallel_calls=config.num_parallel_calls)
     batch = Batch(config.batch_size, config.drop_remainder)
     shuffle = Shuffle(config.shuffle.buffer_size, config.shuffle.seed, config.shuffle.reshuffle_each_iteration)
-    if mode != "none" and shuffling != "off" and caches_records(config):
+    if records_cached and shuffling != "off":
         # The record cache replays the first epoch's order; a buffer as large as the data (the
         # elements are references to the cached records, not copies) reshuffles all of it each epoch.
         shuffle = dataclasses.replace(shuffle, buffer_size=FULL_SHUFFLE)
@@ -267,7 +276,7 @@ def stages_from_config(config: DataConfig) -> list[Any]:
         # Serialized records are shuffled and batched as they are; parsing and every op then run
         # once per batch, vectorized, in one parallel map.
         if shuffling == "window":
-            if shuffle.buffer_size == FULL_SHUFFLE:
+            if records_cached:
                 stages.append(shuffle)  # the cached blocks, all of them, so each epoch's windows differ
             stages.append(WindowShuffle(
                 config.shuffle.buffer_size, config.shuffle.seed, config.shuffle.reshuffle_each_iteration,
