@@ -385,6 +385,12 @@ def test_choose_kind_errors_name_the_setting(accelerator, env, num_gpus, needle)
         choose_kind(ClusterConfig(accelerator=accelerator), env, num_gpus=num_gpus)
 
 
+def test_cpu_replicas_under_tf_config_is_refused_not_ignored():
+    # (with accelerator: multi_worker the config itself refuses cpu_replicas)
+    with pytest.raises(ClusterError, match=r"cluster.cpu_replicas=8 splits one CPU host .* TF_CONFIG names 2 workers"):
+        choose_kind(ClusterConfig(cpu_replicas=8), tf_config(2), num_gpus=0)
+
+
 def test_two_worker_tf_config_builds_multi_worker_and_explains_late_start(cpu_devices):
     # TensorFlow is already running here (the fixture listed devices), so the collective cannot
     # start and the strategy fails at once instead of waiting for the other worker.

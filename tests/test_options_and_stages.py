@@ -26,10 +26,12 @@ def test_options_map_to_current_tf_data_names():
     assert defaults.deterministic is None and defaults.threading.private_threadpool_size is None
 
 
-def test_array_source_shards_by_element():
-    arrays = {"x": np.arange(10, dtype=np.int32)}
+def test_array_source_shards_in_equal_slices_or_by_element():
+    arrays = {"x": np.arange(11, dtype=np.int32)}
     context = tf.distribute.InputContext(2, 1, 2)
-    values = [int(e["x"]) for e in ArraySource(arrays).build(context)]
+    assert [int(e["x"]) for e in ArraySource(arrays).build(context)] == [5, 6, 7, 8, 9]  # 11 // 2; 10 left out
+    assert ArraySource(arrays).epoch_length(context) == 5
+    values = [int(e["x"]) for e in ArraySource(arrays, sharding="element").build(context)]
     assert values == [1, 3, 5, 7, 9]
 
 

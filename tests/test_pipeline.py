@@ -49,14 +49,15 @@ def test_eight_replicas_see_every_example_exactly_once(tmp_path, eight_replica_s
 
 
 @pytest.mark.parametrize(
-    "num_files, expected_mode",
-    [(8, "file"), (1, "element")],
+    "num_files, requested, expected_mode",
+    [(8, "file", "file"), (1, "element", "element"), (8, "auto", "balanced"), (1, "auto", "balanced")],
 )
-def test_two_input_pipelines_split_one_epoch_exactly(tmp_path, caplog, num_files, expected_mode):
+def test_two_input_pipelines_split_one_epoch_exactly(tmp_path, caplog, num_files, requested, expected_mode):
     num = 240 if num_files == 1 else 256
     files = write_jpeg_shards(tmp_path, num=num, num_shards=num_files)
-    assert choose_sharding("auto", num_files, 2) == expected_mode
-    pipeline = pipeline_for(files)
+    assert choose_sharding(requested, num_files, 2, balanced=True) == expected_mode
+    source = {"type": "tfrecord", "files": files, "cycle_length": 4, "sharding": requested}
+    pipeline = pipeline_for(files, source=source)
     per_pipeline = []
     with caplog.at_level(logging.WARNING):
         for pipeline_id in range(2):
@@ -67,8 +68,7 @@ def test_two_input_pipelines_split_one_epoch_exactly(tmp_path, caplog, num_files
     assert not set(per_pipeline[0]) & set(per_pipeline[1]), "input pipelines overlapped"
     assert sorted(per_pipeline[0] + per_pipeline[1]) == list(range(num))
     assert len(per_pipeline[0]) == len(per_pipeline[1]) == num // 2
-    warned = any("sharding by element" in r.getMessage() for r in caplog.records)
-    assert warned == (expected_mode == "element")
+    assert not any("sharding by element" in r.getMessage() for r in caplog.records), "auto is balanced now"
 
 
 def write_unequal_files(directory, sizes: list[int]) -> tuple[str, dict[str, set[int]]]:
@@ -92,7 +92,7 @@ def test_file_sharding_is_by_file(tmp_path):
     """
     sizes = [2, 4, 6, 8, 10, 12, 14, 16]
     files, by_file = write_unequal_files(tmp_path, sizes)
-    pipeline = pipeline_for(files, drop_remainder=False)
+    pipeline = pipeline_for(files, drop_remainder=False, source={"type": "tfrecord", "files": files, "sharding": "file"})
     owned = []
     for pipeline_id in range(2):
         ids = ids_of(pipeline.build(tf.distribute.InputContext(2, pipeline_id, 2)))
@@ -109,6 +109,28 @@ def test_file_sharding_is_by_file(tmp_path):
     for path in owned[1]:
         os.remove(path)
     assert sorted(ids_of(dataset)) == sorted(set().union(*(by_file[p] for p in owned[0])))
+
+
+def test_balanced_sharding_gives_every_pipeline_the_same_count_from_unequal_files(tmp_path, caplog):
+    """Files of 1..16 records (73 in all) over 3 pipelines: each reads 73 // 3 = 24 in every epoch,
+    none overlap, and the one record left over is another one each epoch (the file order's last)."""
+    sizes = [2, 4, 6, 8, 10, 12, 14, 16, 1]  # 73 records: one is left out of each epoch, with a log line
+    files, _ = write_unequal_files(tmp_path, sizes)
+    config = data_config(files, drop_remainder=False, repeat=3, batch_size=3, shuffle={"enabled": False},
+                         source={"type": "tfrecord", "files": files, "cycle_length": 4})
+    pipeline = Pipeline.from_config(config_from_dict({"data": config}).data)
+    with caplog.at_level(logging.WARNING):
+        streams = [ids_of(pipeline.build(tf.distribute.InputContext(3, index, 3))) for index in range(3)]
+    assert any("1 of 73 records are left out of each epoch" in r.getMessage() for r in caplog.records)
+    left_out = []
+    for epoch in range(3):
+        parts = [stream[epoch * 24:(epoch + 1) * 24] for stream in streams]
+        assert all(len(part) == 24 for part in parts)
+        seen = sorted(i for part in parts for i in part)
+        assert len(set(seen)) == 72, f"epoch {epoch}: pipelines overlap"
+        left_out.append(set(range(73)) - set(seen))
+    assert all(len(missing) == 1 for missing in left_out)
+    assert len(set().union(*left_out)) > 1, "the record left out should change with the epoch's file order"
 
 
 def test_deterministic_mode_repeats_the_same_order(tmp_path):
@@ -238,7 +260,7 @@ def test_order_is_its_own_key_never_a_side_effect_of_a_seed(tmp_path):
             raw[section] = {**raw.get(section, {}), name: value} if name else value
         return Pipeline.from_config(config_from_dict({"data": raw}).data).build().options().deterministic
 
-    assert ordered() is False  # a tfrecord source runs out of order by default
-    assert ordered(seed=1) is False  # a seed fixes the draws, not the order
-    assert ordered(options__deterministic=True) is True
+    assert ordered() is True  # in order by default: a resume is exact
+    assert ordered(seed=1) is True  # a seed fixes the draws, not the order
+    assert ordered(options__deterministic=False) is False
     assert ordered(seed=1, options__deterministic=False) is False

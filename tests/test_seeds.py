@@ -54,13 +54,19 @@ def test_each_epoch_reads_the_file_order_the_tree_gives_for_it(one_record_per_fi
     assert id_epochs(id_config(one_record_per_file, seed=0)) != id_epochs(id_config(one_record_per_file, seed=11))
 
 
-def test_input_pipelines_share_the_file_order_so_file_shards_never_overlap(one_record_per_file):
-    config = id_config(one_record_per_file, seed=5, batch_size=2)  # 2 replicas: one example per batch each
+@pytest.mark.parametrize("sharding", ["auto", "file"])
+def test_input_pipelines_share_the_file_order_so_shards_never_overlap(one_record_per_file, sharding):
+    config = id_config(one_record_per_file, seed=5, batch_size=2,  # 2 replicas: one example per batch each
+                       source={"type": "tfrecord", "files": one_record_per_file, "cycle_length": 1,
+                               "num_parallel_calls": 0, "sharding": sharding})
     shards = [id_epochs(config, tf.distribute.InputContext(2, i, 2)) for i in range(2)]
     for epoch in range(3):
         order = seeds.file_order(NUM_FILES, 5, epoch).numpy().tolist()
         assert sorted(shards[0][epoch] + shards[1][epoch]) == list(range(NUM_FILES))
-        assert shards[0][epoch] == order[0::2] and shards[1][epoch] == order[1::2]
+        if sharding == "auto":  # balanced: each pipeline reads a contiguous half of the epoch's records
+            assert shards[0][epoch] == order[:3] and shards[1][epoch] == order[3:]
+        else:
+            assert shards[0][epoch] == order[0::2] and shards[1][epoch] == order[1::2]
 
 
 def test_the_data_order_does_not_depend_on_tf_global_seed(one_record_per_file):
@@ -112,9 +118,9 @@ def test_the_nth_element_of_a_pipeline_gets_the_trees_augment_seed(one_record_pe
 
 def test_a_seed_does_not_change_the_order_mode(one_record_per_file):
     unset = id_config(one_record_per_file, options={})
-    assert plan_of(unset).order.value is False  # tfrecord source: out of order unless asked
-    assert plan_of(id_config(one_record_per_file, options={}, seed=123)).order.value is False
-    assert plan_of(id_config(one_record_per_file, options={"deterministic": True})).order.value is True
+    assert plan_of(unset).order.value is True  # in order unless asked: a resume is exact
+    assert plan_of(id_config(one_record_per_file, options={}, seed=123)).order.value is True
+    assert plan_of(id_config(one_record_per_file, options={"deterministic": False})).order.value is False
 
 
 @pytest.mark.parametrize("section, key", [("shuffle", "seed"), ("source", "file_seed")])

@@ -193,12 +193,12 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_demo, tmp_path):
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "resumed from" in second.stdout and ": step 12, epoch 2" in second.stdout
+    assert "resumed from" in second.stdout and ": step 12 (epoch 3, step 0 of 6)" in second.stdout
     steps = [int(line.split()[1].split("/")[0]) for line in second.stdout.splitlines() if line.startswith("step ")]
     assert steps and min(steps) > 12, "training restarted from zero"
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     assert metrics["resumed_from_step"] == 12 and metrics["steps"] == 30
-    assert len(metrics["history"]["loss"]) == 3  # epochs 3..5 only
+    assert len(metrics["history"]["loss"]) == 5 and metrics["history"]["epoch"] == [1, 2, 3, 4, 5]  # across the resume
 
     # The resumed run went on from the restored weights: its first logged loss (steps 13-16) is about
     # the killed run's last one (steps 7-12), not the ~1.7 of a model starting again from its

@@ -115,6 +115,17 @@ def _tpu_info(connection: tpu_lib.TpuConnection) -> ClusterInfo:
     )
 
 
+def _tf_config_kind(config: ClusterConfig, env: Mapping[str, str]) -> Kind:
+    """A TF_CONFIG cluster; keys that apply only to one CPU host are refused, never ignored."""
+    if config.cpu_replicas > 1:
+        raise ClusterError(
+            f"cluster.cpu_replicas={config.cpu_replicas} splits one CPU host into replicas, but TF_CONFIG names "
+            f"{num_workers(parse_tf_config(env))} workers (MultiWorkerMirroredStrategy over each worker's own "
+            "devices); remove cluster.cpu_replicas, or unset TF_CONFIG to train on this host alone"
+        )
+    return "multi-worker"
+
+
 def choose_kind(config: ClusterConfig, env: Mapping[str, str], *, num_gpus: int) -> Kind:
     """Which non-TPU strategy to build (called once no TPU was chosen). Pure: builds nothing.
 
@@ -132,7 +143,7 @@ def choose_kind(config: ClusterConfig, env: Mapping[str, str], *, num_gpus: int)
                 "#setting_up_the_tf_config_environment_variable), or use cluster.accelerator=auto."
             )
         parse_tf_config(env)
-        return "multi-worker"
+        return _tf_config_kind(config, env)
     if config.accelerator == "gpu":
         if num_gpus == 0:
             raise ClusterError(
@@ -143,7 +154,7 @@ def choose_kind(config: ClusterConfig, env: Mapping[str, str], *, num_gpus: int)
             )
         return "gpu"
     if num_workers(parse_tf_config(env)) > 1:
-        return "multi-worker"
+        return _tf_config_kind(config, env)
     # cluster.gpus names GPUs: with none visible, fail on them rather than train on the CPU.
     return "gpu" if num_gpus > 0 or config.gpus is not None else "cpu"
 

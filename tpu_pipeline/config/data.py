@@ -49,7 +49,11 @@ class TFRecordSourceConfig(StrictModel):
     split: Optional[str] = pydantic.Field(None, description="with dir: which split to read (default train)")
     compression: Literal["", "GZIP", "ZLIB"] = ""
     shuffle_files: bool = True
-    sharding: Literal["auto", "file", "element", "off"] = "auto"
+    sharding: Literal["auto", "balanced", "file", "element", "off"] = pydantic.Field(
+        "auto", description="auto = balanced: each input pipeline reads an equal run of each epoch's records "
+        "(counts from metadata.json, or counted once); file: whole files per pipeline (uneven); element: every "
+        "pipeline reads everything and keeps every n-th element"
+    )
     cycle_length: IntOrAutotune = 16
     block_length: pydantic.PositiveInt = 1
     num_parallel_calls: Union[pydantic.NonNegativeInt, Literal["autotune"]] = pydantic.Field(
@@ -118,7 +122,7 @@ class ArraySourceConfig(StrictModel):
 
     type: Literal["arrays"] = "arrays"
     path: str = pydantic.Field(description=".npz file whose arrays become features (same first dim)")
-    sharding: Literal["auto", "element", "off"] = "auto"
+    sharding: Literal["auto", "balanced", "element", "off"] = "auto"
 
 
 SourceConfig = Union[TFRecordSourceConfig, ArraySourceConfig, TFDSSourceConfig]

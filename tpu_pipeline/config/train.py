@@ -21,7 +21,14 @@ class TrainConfig(StrictModel):
     num_classes: Optional[pydantic.PositiveInt] = pydantic.Field(
         None, description="None: from the dataset's metadata (class_names)"
     )
-    max_checkpoints: pydantic.PositiveInt = 3
+    max_checkpoints: pydantic.PositiveInt = pydantic.Field(3, description="checkpoints kept (the newest)")
+    checkpoint_every_steps: Optional[pydantic.PositiveInt] = pydantic.Field(
+        None, description="also save every this many steps (besides each epoch end and SIGTERM); a resume "
+        "continues from the newest checkpoint's step, input position included"
+    )
+    checkpoint_every_seconds: Optional[pydantic.PositiveFloat] = pydantic.Field(
+        None, description="also save when this many seconds passed since the last save"
+    )
     log_every_steps: pydantic.PositiveInt = 10
     tensorboard: bool = True
     profile_steps: Optional[tuple[pydantic.PositiveInt, pydantic.PositiveInt]] = pydantic.Field(

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
@@ -37,8 +38,9 @@ from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.source import Source
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
+from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
+    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions, per_replica_batch_size,
 )
 from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
@@ -48,13 +50,31 @@ FIRST_EPOCH = 0
 
 
 def _apply(dataset: tf.data.Dataset, stages: Sequence[Any], context: tf.distribute.InputContext,
-           epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
+           epoch: Optional[tf.Tensor] = None, position: int = 0) -> tf.data.Dataset:
+    """Applies `stages`; `position`: examples delivered before (a resume), for stages that number
+    their elements (per batch after a Batch stage)."""
+    unit = 1
     for stage in stages:
         if getattr(stage, "uses_epoch", False):
             dataset = stage.apply(dataset, context, epoch=epoch)
+        elif getattr(stage, "uses_position", False):
+            dataset = stage.apply(dataset, context, position=position // unit)
         else:
             dataset = stage.apply(dataset, context)
+        if isinstance(stage, Batch):
+            unit = per_replica_batch_size(stage.global_batch_size, context)
     return dataset
+
+
+def skip_examples(dataset: tf.data.Dataset, count: int) -> tf.data.Dataset:
+    """The dataset without its first `count` examples, where elements may be vectors of serialized
+    records (blocks or windows): those are cut at the record, never parsed."""
+    if not count:
+        return dataset
+    spec = dataset.element_spec
+    if isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string and spec.shape.rank == 1:
+        return dataset.unbatch().skip(count).batch(1024)
+    return dataset.skip(count)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +92,13 @@ class Pipeline:
     check_tpu: bool = False
     plan: Optional[Plan] = None
 
-    def build(self, input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+    def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0) -> tf.data.Dataset:
+        """The dataset of one input pipeline; `start`: examples it delivered before (a resume).
+
+        A resumed stream is exactly the rest of the uninterrupted one: the epochs are pure
+        functions of (seed, epoch, pipeline), so the pipeline rebuilds epoch start // L (L: the
+        epoch length of this pipeline) and skips start % L records of it before any parse or op.
+        """
         context = input_context or tf.distribute.InputContext()
         cut = next((i for i, stage in enumerate(self.stages) if isinstance(stage, Repeat)), len(self.stages))
         before, after = list(self.stages[:cut]), list(self.stages[cut:])
@@ -84,17 +110,57 @@ class Pipeline:
         else:
             first = _apply(self.source.build(context, tf.constant(FIRST_EPOCH, tf.int64)), once, context)
             one_epoch = lambda epoch: _apply(first, each, context, epoch)  # noqa: E731
+        start_epoch, head = FIRST_EPOCH, None
+        if start:
+            start_epoch, skip = self._resume_point(context, start)
+            head = lambda dataset: skip_examples(dataset, skip)  # noqa: E731
         if after:
             # Epochs that differ (file order, shuffle seeds) are built one by one; otherwise the
             # same epoch is repeated, which tf.data runs faster (benchmarks/bench_epochs.py).
             differ = source_per_epoch or any(getattr(stage, "uses_epoch", False) for stage in each)
-            dataset, after = after[0].epochs(one_epoch, differ), after[1:]
+            dataset, after = after[0].epochs(one_epoch, differ, first=start_epoch, head=head), after[1:]
         else:
-            dataset = one_epoch(tf.constant(FIRST_EPOCH, tf.int64))
-        dataset = _apply(dataset, after, context)
+            dataset = one_epoch(tf.constant(start_epoch, tf.int64))
+            dataset = head(dataset) if head else dataset
+        dataset = _apply(dataset, after, context, position=start)
         if self.check_tpu:
             check_tpu_compatible(dataset)
         return dataset
+
+    def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:
+        """(epoch, examples of it to skip) for a stream that delivered `start` examples."""
+        length = self.source.epoch_length(context)
+        if not length:
+            raise ConfigError(
+                f"cannot resume input pipeline {context.input_pipeline_id} at example {start}: its source "
+                f"({type(self.source).__name__}) has no fixed epoch length with this sharding; use "
+                "data.source.sharding=auto (balanced) on TFRecord files or arrays"
+            )
+        return divmod(start, length)
+
+    def global_batch_size(self) -> int:
+        batch = next((stage for stage in self.stages if isinstance(stage, Batch)), None)
+        if batch is None:
+            raise ConfigError("a pipeline without a batch stage has no steps to resume from")
+        return batch.global_batch_size
+
+    def examples_per_batch(self, context: tf.distribute.InputContext) -> int:
+        """Examples in one element of this pipeline: a replica's share of the global batch."""
+        return per_replica_batch_size(self.global_batch_size(), context)
+
+    def examples_per_step(self, context: tf.distribute.InputContext) -> int:
+        """Examples one input pipeline delivers per global step: the shares of the replicas it feeds
+        (a strategy hands each replica the pipeline's next element in turn)."""
+        return self.examples_per_batch(context) * (context.num_replicas_in_sync // max(1, context.num_input_pipelines))
+
+    def iterator(self, input_context: Optional[tf.distribute.InputContext] = None) -> "PipelineIterator":
+        """An iterator over one input pipeline's batches that `tf.train.Checkpoint` saves and
+        restores by position (a few bytes, never the buffered elements)."""
+        return PipelineIterator(self, input_context)
+
+    def distributed_iterator(self, strategy: tf.distribute.Strategy) -> "DistributedPipelineIterator":
+        """An iterator over global steps of `strategy`'s distributed dataset, saved and restored by position."""
+        return DistributedPipelineIterator(self, strategy)
 
     def dataset_fn(self) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
         """For `strategy.distribute_datasets_from_function`."""

@@ -37,12 +37,22 @@ class DatasetDirSource(RecordFileSource):
         return DatasetInfo(int(entry["num_examples"]), metadata.get("class_names"), dir_features(self.dir))
 
     def files_source(self) -> TFRecordSource:
-        return TFRecordSource(files=self.tfrecord_files(), compression=self.compression, read=self.read)
+        _, entry = load_dataset_dir(self.dir, self.split)
+        return TFRecordSource(files=self.tfrecord_files(), compression=self.compression, read=self.read,
+                              counts=entry.get("counts"))
+
+    def count_examples(self) -> int:
+        return int(load_dataset_dir(self.dir, self.split)[1]["num_examples"])
+
+    def epoch_length(self, context: tf.distribute.InputContext) -> Optional[int]:
+        return self.files_source().epoch_length(context)
 
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
-        dataset = self.files_source().build(context, epoch)
+        source = self.files_source()
+        dataset = source.build(context, epoch)
         blocks = self.read.record_block and self.read.keep_blocks  # then elements are blocks, not examples
-        if (context.num_input_pipelines <= 1 or self.read.sharding == "off") and not blocks:
-            # Every record once: tell tf.data (and Keras) the epoch length, and fail loudly if it is wrong.
-            dataset = dataset.apply(tf.data.experimental.assert_cardinality(self.info().num_examples))
+        length = source.epoch_length(context)
+        if length is not None and not blocks:
+            # Tell tf.data (and Keras) the epoch length, and fail loudly if metadata.json is wrong.
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(length))
         return dataset

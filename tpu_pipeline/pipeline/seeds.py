@@ -45,10 +45,11 @@ def key(root: int, purpose: str, pipeline: Optional[int] = None, *folds: Optiona
     return seed
 
 
-def positions() -> tf.data.Dataset:
-    """0, 1, 2, ... as a dataset, to zip with elements. (`Dataset.counter()` and `enumerate()` run a
-    `scan` function per element, ~60 µs on one thread here; a range costs next to nothing.)"""
-    return tf.data.Dataset.range(1 << 62)
+def positions(start: int = 0) -> tf.data.Dataset:
+    """start, start+1, ... as a dataset, to zip with elements (a resumed pipeline starts where it
+    stopped). (`Dataset.counter()` and `enumerate()` run a `scan` function per element, ~60 µs on
+    one thread here; a range costs next to nothing.)"""
+    return tf.data.Dataset.range(start, 1 << 62)
 
 
 def element_seed(root: int, purpose: str, pipeline: Optional[int], position: tf.Tensor) -> tf.Tensor:

@@ -23,7 +23,7 @@ class ReadOptions:
 
     seed: int = 0  # the seed tree's root (tpu_pipeline.pipeline.seeds): file order of each epoch
     shuffle_files: bool = True
-    sharding: str = "auto"  # auto | file | element | off
+    sharding: str = "auto"  # auto | balanced | file | element | off
     cycle_length: Union[int, str] = 16  # files read at once (an int, or 'autotune')
     block_length: int = 1
     num_parallel_calls: Union[int, str] = "autotune"  # parallel readers; 0 reads in the consumer's thread
@@ -57,6 +57,11 @@ class Source:
         """The exact number of examples (all input pipelines), reading the data only when it must;
         None when this source cannot tell."""
         return self.info().num_examples
+
+    def epoch_length(self, context: tf.distribute.InputContext) -> Optional[int]:
+        """Elements this input pipeline yields in every epoch, the same each epoch; None when unknown
+        or varying. With it, a position in the stream is (epoch, offset): a resume can start there."""
+        return None
 
     def with_read(self, read: ReadOptions) -> "Source":
         """This source reading with `read` (sources that read no files ignore it)."""

@@ -1,13 +1,20 @@
 """Source stages: where elements come from, and how they are split between input pipelines.
 
-Sharding follows tensorflow/models' InputReader: with at least as many files as input pipelines,
-each pipeline reads its own files (the epoch's file order comes from the seed tree, identical on
-every host, so shards never overlap); with fewer files, every pipeline reads everything and keeps
-every n-th element.
+Sharding is by record, balanced ('auto'): each epoch's record order is the files in that epoch's
+order (from the seed tree, identical on every host) laid end to end, and input pipeline i reads
+records [i*L, (i+1)*L) of it, L = N // n. So every pipeline reads exactly L records in every epoch
+(pipelines stay in step, and a position is two integers: epoch and offset); the N mod n records at
+the end of the epoch's order are left out of that epoch (other ones each epoch), with a log line. A
+pipeline reads only the files its range touches, skipping (not parsing) the head of its first file.
+The record counts come from metadata.json, or from one counting pass over a bare glob.
+
+tensorflow/models' InputReader split ('file': whole files per pipeline, uneven when files are;
+'element': every pipeline reads everything and keeps every n-th element) stays available by name.
 """
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -39,10 +46,18 @@ def list_files(patterns: Union[str, Sequence[str]]) -> list[str]:
     return sorted(set(files))
 
 
-def choose_sharding(requested: str, num_files: int, num_pipelines: int) -> str:
-    """'none', 'file' or 'element' for this many files and input pipelines."""
+def choose_sharding(requested: str, num_files: int, num_pipelines: int, balanced: bool = False) -> str:
+    """'none', 'balanced', 'file' or 'element' for this many files and input pipelines.
+
+    `balanced`: the source can split records evenly (it knows or can count its records); then
+    'auto' picks it.
+    """
     if num_pipelines <= 1 or requested == "off":
         return "none"
+    if requested == "balanced" or (requested == "auto" and balanced):
+        if not balanced:
+            raise ConfigError("data.source.sharding=balanced needs a source of TFRecord files or arrays; use auto")
+        return "balanced"
     if requested == "auto":
         if num_files >= num_pipelines:
             return "file"
@@ -60,6 +75,32 @@ def choose_sharding(requested: str, num_files: int, num_pipelines: int) -> str:
     return requested
 
 
+_COUNTS: dict[tuple[str, str, int, int], int] = {}
+_COUNTS_LOCK = threading.Lock()
+
+
+def count_records(files: Sequence[str], compression: str = "") -> list[int]:
+    """Records per file, by one fast pass (framing and CRC, no parse), remembered per process by
+    (path, size, mtime): a bare glob has no metadata.json to tell them."""
+    keys = []
+    for path in files:
+        stat = tf.io.gfile.stat(path)
+        keys.append((path, compression, int(stat.length), int(stat.mtime_nsec)))
+    with _COUNTS_LOCK, tf.init_scope():  # eagerly, even when a pipeline builds an epoch inside a function
+        missing = [key for key in keys if key not in _COUNTS]
+        if missing:
+            logging.info("counting the records of %d file(s) once (a converted dataset's metadata.json has them)",
+                         len(missing))
+            paths = tf.data.Dataset.from_tensor_slices([key[0] for key in missing])
+            counted = paths.map(
+                lambda path: tf.data.TFRecordDataset(path, compression_type=compression).reduce(
+                    tf.constant(0, tf.int64), lambda count, _: count + 1),
+                num_parallel_calls=8, deterministic=True)
+            for key, count in zip(missing, counted.as_numpy_iterator()):
+                _COUNTS[key] = int(count)
+        return [_COUNTS[key] for key in keys]
+
+
 @dataclasses.dataclass(frozen=True)
 class TFRecordSource(RecordFileSource):
     """Lists TFRecord files, orders them for the epoch, shards and interleaves them; yields serialized records."""
@@ -67,27 +108,42 @@ class TFRecordSource(RecordFileSource):
     files: Union[str, Sequence[str]]
     compression: str = ""
     read: ReadOptions = ReadOptions()
+    counts: Optional[Sequence[int]] = None  # records per file, in tfrecord_files() order, where known
 
     def tfrecord_files(self) -> list[str]:
         return list_files(self.files)
 
-    def count_examples(self) -> int:
-        """One fast pass over the files (no parse): a bare glob has no metadata to tell its size."""
+    def record_counts(self) -> list[int]:
+        """Records per file: given (metadata.json), else one fast pass over the files (no parse), once per process."""
         files = self.tfrecord_files()
-        logging.info("counting the records of %d file(s) (set train.steps_per_epoch to skip this)", len(files))
-        dataset = tf.data.TFRecordDataset(files, compression_type=self.compression, num_parallel_reads=8)
-        return int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1).numpy())
+        if self.counts is not None:
+            return [int(c) for c in self.counts]
+        return count_records(files, self.compression)
+
+    def count_examples(self) -> int:
+        return sum(self.record_counts())
+
+    def epoch_length(self, context: tf.distribute.InputContext) -> Optional[int]:
+        mode = choose_sharding(self.read.sharding, len(self.tfrecord_files()), context.num_input_pipelines, balanced=True)
+        if mode == "none":
+            return self.count_examples()
+        if mode == "balanced":
+            return self.count_examples() // context.num_input_pipelines
+        return None  # file shards differ per epoch; element shards of blocks are uneven
 
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
         read = self.read
         files = self.tfrecord_files()
         buffer = read.buffer_bytes(files[0])
-        mode = choose_sharding(read.sharding, len(files), context.num_input_pipelines)
-        names = tf.constant(files)
+        mode = choose_sharding(read.sharding, len(files), context.num_input_pipelines, balanced=True)
+        order = None
         if read.shuffle_files:
             # The same permutation on every input pipeline (it depends on seed and epoch only), so
-            # file shards never overlap; a new one each epoch.
-            names = tf.gather(names, seeds.file_order(len(files), read.seed, 0 if epoch is None else epoch))
+            # shards never overlap; a new one each epoch.
+            order = seeds.file_order(len(files), read.seed, 0 if epoch is None else epoch)
+        if mode == "balanced":
+            return self._finish(self._read_balanced(files, order, context, buffer))
+        names = tf.constant(files) if order is None else tf.gather(tf.constant(files), order)
         dataset = tf.data.Dataset.from_tensor_slices(names)
         if mode == "file":
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
@@ -112,27 +168,76 @@ class TFRecordSource(RecordFileSource):
         if mode == "element":
             # Blocks come in the same order on every pipeline (deterministic), so sharding them works too.
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return self._finish(dataset)
+
+    def _read_balanced(self, files: list[str], order: Optional[tf.Tensor], context: tf.distribute.InputContext,
+                       buffer: int) -> tf.data.Dataset:
+        """Records [i*L, (i+1)*L) of the epoch's files laid end to end: (file, skip, take) per file touched."""
+        read = self.read
+        counts = self.record_counts()
+        pipelines, index = context.num_input_pipelines, context.input_pipeline_id
+        length = sum(counts) // pipelines
+        if length == 0:
+            raise DataError(f"data.source: {sum(counts)} record(s) cannot be split between {pipelines} input pipelines")
+        left_out = sum(counts) - length * pipelines
+        if left_out and index == 0:
+            logging.warning(
+                "%d of %d records are left out of each epoch so that each of the %d input pipelines reads %d (the "
+                "last of each epoch's order: other ones every epoch when files are shuffled)",
+                left_out, sum(counts), pipelines, length)
+        names, sizes = tf.constant(files), tf.constant(counts, tf.int64)
+        if order is not None:
+            names, sizes = tf.gather(names, order), tf.gather(sizes, order)
+        ends = tf.cumsum(sizes)
+        starts = ends - sizes
+        low, high = index * length, (index + 1) * length
+        skip = tf.clip_by_value(low - starts, 0, sizes)
+        stop = tf.clip_by_value(high - starts, 0, sizes)
+        touched = stop > skip
+        dataset = tf.data.Dataset.from_tensor_slices((
+            tf.boolean_mask(names, touched), tf.boolean_mask(skip, touched), tf.boolean_mask(stop - skip, touched)))
+        # Files a range touches: at most its share of the files plus the two it shares with neighbours.
+        most = min(len(files), -(-len(files) // pipelines) + 1)
+        cycle = tune(read.cycle_length)
+        if cycle != AUTOTUNE:
+            cycle = max(1, min(cycle, most))
+        sequential = read.num_parallel_calls == 0
+        return dataset.interleave(
+            lambda path, first, count: self._read_file(path, buffer, first, count),
+            cycle_length=cycle, block_length=read.block_length,
+            num_parallel_calls=None if sequential else tune(read.num_parallel_calls),
+            deterministic=None if sequential else read.deterministic,
+        )
+
+    def _finish(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        read = self.read
         if read.cache_records:
             # Later epochs replay this pipeline's records from memory: no file read, no CRC, no copy.
-            # The cache freezes the first epoch's order, so the plan shuffles all of them after it.
+            # The cache freezes the first epoch's order (and, sharded, this pipeline's records), so
+            # the plan shuffles all of them after it.
             dataset = dataset.cache()
         if read.record_block and not read.keep_blocks:
             dataset = dataset.unbatch()
         return dataset
 
-    def _read_file(self, path: tf.Tensor, buffer: int) -> tf.data.Dataset:
-        """One file's records; with record_block, in blocks of that many (unbatched after the interleave).
+    def _read_file(self, path: tf.Tensor, buffer: int, skip: Optional[tf.Tensor] = None,
+                   take: Optional[tf.Tensor] = None) -> tf.data.Dataset:
+        """One file's records (records [skip, skip+take) of it when given); with record_block, in
+        blocks of that many (unbatched after the interleave).
 
         tf.data's cost is per element crossing threads: moving blocks of records through the
         parallel interleave instead of single records cuts that cost by the block size.
         """
         records = tf.data.TFRecordDataset(path, compression_type=self.compression, buffer_size=buffer)
+        if skip is not None:
+            records = records.skip(skip).take(take)
         return records.batch(self.read.record_block) if self.read.record_block else records
 
 
 @dataclasses.dataclass(frozen=True)
 class ArraySource(Source):
-    """In-memory arrays (the classic tutorials' from_tensor_slices), sharded by element."""
+    """In-memory arrays (the classic tutorials' from_tensor_slices): an equal slice per input
+    pipeline ('auto'), or every n-th element ('element')."""
 
     arrays: Mapping[str, np.ndarray]
     sharding: str = "auto"
@@ -151,11 +256,27 @@ class ArraySource(Source):
         features = {key: list(np.shape(value)[1:]) for key, value in self.arrays.items()}
         return DatasetInfo(lengths.pop() if len(lengths) == 1 else None, None, features)
 
+    def _mode(self, context: tf.distribute.InputContext) -> str:
+        return choose_sharding(self.sharding, 0, context.num_input_pipelines, balanced=True)
+
+    def epoch_length(self, context: tf.distribute.InputContext) -> Optional[int]:
+        total = self.info().num_examples
+        if total is None:
+            return None
+        pipelines, index = context.num_input_pipelines, context.input_pipeline_id
+        return {"none": total, "balanced": total // pipelines}.get(self._mode(context), -(-(total - index) // pipelines))
+
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
         lengths = {key: len(value) for key, value in self.arrays.items()}
         if len(set(lengths.values())) != 1:
             raise DataError(f"in-memory arrays differ in their first dimension: {lengths}; they must all be equal")
+        mode = self._mode(context)
+        if mode == "balanced":
+            # An equal, contiguous slice per input pipeline; the last N mod n elements are left out.
+            length = self.epoch_length(context)
+            low = context.input_pipeline_id * length
+            return tf.data.Dataset.from_tensor_slices({k: v[low:low + length] for k, v in self.arrays.items()})
         dataset = tf.data.Dataset.from_tensor_slices(dict(self.arrays))
-        if choose_sharding(self.sharding, 0, context.num_input_pipelines) != "none":
+        if mode == "element":
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
         return dataset

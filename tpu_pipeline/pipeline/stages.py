@@ -39,7 +39,8 @@ class MapFeatures:
     `random_ops` lists which ops need a seed. When any does, the n-th element to enter this map on
     an input pipeline gets `seeds.element_seed(seed, "augment", pipeline, n)`, and op i gets
     `stateless_fold_in(element_seed, i)`: a pure function of a few integers. Seeds are given
-    before the map, so its own thread timing and output order change nothing.
+    before the map, so its own thread timing and output order change nothing; a resumed pipeline
+    passes `position`, the number of elements that entered before, so its seeds continue.
     """
 
     ops: Sequence[OpFn] = ()
@@ -58,6 +59,8 @@ class MapFeatures:
     def needs_seed(self) -> bool:
         return any(self.random_ops)
 
+    uses_position = needs_seed
+
     def transform(self, element: Any, element_seed: Optional[tf.Tensor] = None) -> Features:
         features = self.parse(element) if self.parse is not None else dict(element)
         for index, op in enumerate(self.ops):
@@ -67,12 +70,12 @@ class MapFeatures:
             features = op(features, seed)
         return features
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0) -> tf.data.Dataset:
         if not self.ops and self.parse is None:
             return dataset
         if self.needs_seed:
             pipeline = context.input_pipeline_id
-            dataset = tf.data.Dataset.zip((dataset, seeds.positions()))
+            dataset = tf.data.Dataset.zip((dataset, seeds.positions(position)))
             fn = lambda element, position: self.transform(  # noqa: E731
                 element, seeds.element_seed(self.seed, seeds.AUGMENT, pipeline, position))
         else:
@@ -172,12 +175,33 @@ class Repeat:
             return dataset
         return dataset.repeat(self.count)
 
-    def epochs(self, one_epoch: Callable[[tf.Tensor], tf.data.Dataset], differ: bool = True) -> tf.data.Dataset:
+    def epochs(self, one_epoch: Callable[[tf.Tensor], tf.data.Dataset], differ: bool = True,
+               first: int = 0, head: Optional[Callable[[tf.data.Dataset], tf.data.Dataset]] = None) -> tf.data.Dataset:
         """`one_epoch(e)` for e = 0, 1, ... in sequence: how a Pipeline repeats, so that everything
         before the repeat knows its epoch (file order, shuffle seeds). When the epochs do not
         `differ`, epoch 0 is simply repeated: a `flat_map` over epochs costs ~0.13 µs an element,
         and keeps tf.data from fusing a shuffle with the repeat (~0.2 µs more), which matters only
-        for single small records (benchmarks/bench_epochs.py)."""
+        for single small records (benchmarks/bench_epochs.py).
+
+        A resumed stream starts at epoch `first`, whose dataset goes through `head` (the skip of
+        what was delivered before)."""
+        end = None if self.count is None else self.count
+        if head is not None or first:
+            if end is not None and first >= end:
+                raise ValueError(f"cannot start at epoch {first} of {end}")
+            head = head or (lambda dataset: dataset)
+            if differ and self.count != 1:
+                # Built inside a function, as the uninterrupted stream builds this epoch: the
+                # same seeds (an eager build would pair a shuffle's seed with TF's global seed).
+                start = tf.data.Dataset.range(first, first + 1).flat_map(lambda epoch: head(one_epoch(epoch)))
+            else:
+                start = head(one_epoch(tf.constant(first, tf.int64)))
+            if end == first + 1:
+                return start
+            if not differ:
+                return start.concatenate(one_epoch(tf.constant(0, tf.int64)).repeat(None if end is None else end - first - 1))
+            rest = tf.data.Dataset.range(first + 1, (1 << 62) if end is None else end)
+            return start.concatenate(rest.flat_map(one_epoch))
         if self.count == 1:
             return one_epoch(tf.constant(0, tf.int64))
         if not differ:

@@ -1,6 +1,9 @@
-"""Keras callbacks of the training command: progress with input wait, and epoch checkpoints."""
+"""Keras callbacks of the training command: progress with input wait; checkpoints by epoch, step, time and SIGTERM."""
 from __future__ import annotations
 
+import json
+import signal
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -70,18 +73,104 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         return self.timed_wait / self.timed_seconds if self.timed_seconds else None
 
 
-class EpochCheckpoint(tf_keras.callbacks.Callback):
-    """Saves model + optimizer (+ its step counter) + epoch with a CheckpointManager after each epoch."""
+class Checkpointer(tf_keras.callbacks.Callback):
+    """Saves model + optimizer (+ its step counter, which is the input position) + the epoch history
+    with a CheckpointManager: at each epoch end, every `every_steps` steps or `every_seconds`
+    seconds, and at the next step after SIGTERM (`preemption.requested`), after which it stops training.
 
-    def __init__(self, manager: tf.train.CheckpointManager, epoch: tf.Variable,
-                 printer: Callable[[str], None] = print) -> None:
+    The history of finished epochs lives in the checkpoint itself (a string variable), so that
+    metrics.json after any number of resumes lists every epoch, and never one the checkpoint has not.
+    """
+
+    def __init__(self, manager: tf.train.CheckpointManager, state: "TrainState", steps_per_epoch: int,
+                 every_steps: Optional[int] = None, every_seconds: Optional[float] = None,
+                 preemption: Optional["PreemptionFlag"] = None, printer: Callable[[str], None] = print) -> None:
         super().__init__()
         self.manager = manager
-        self.epoch = epoch
+        self.steps_per_epoch = steps_per_epoch
+        self.state = state
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.preemption = preemption
         self.printer = printer
+        self.preempted_at: Optional[int] = None
+        self._last_step = -1
+        self._last_time = time.monotonic()
+
+    def _step(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
+
+    def save(self, why: str) -> str:
+        step = self._step()
+        if step == self._last_step:
+            return self.manager.latest_checkpoint
+        path = self.manager.save(checkpoint_number=step)
+        self._last_step, self._last_time = step, time.monotonic()
+        self.printer(f"saved checkpoint {path} at step {step} ({why})")
+        return path
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        self._last_step, self._last_time = self._step(), time.monotonic()
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        step = self._step()
+        epoch_end = step % self.steps_per_epoch == 0  # on_epoch_end saves it, with the epoch's history
+        if self.preemption is not None and self.preemption.requested:
+            self.preempted_at = step
+            self.model.stop_training = True
+            if not epoch_end:
+                self.save("SIGTERM")
+            return
+        if epoch_end:
+            return
+        if self.every_steps and step - self._last_step >= self.every_steps:
+            self.save(f"every {self.every_steps} steps")
+        elif self.every_seconds and time.monotonic() - self._last_time >= self.every_seconds:
+            self.save(f"every {self.every_seconds:g} s")
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+        if self.preempted_at is not None and self.preempted_at % self.steps_per_epoch:
+            return  # an epoch cut short by SIGTERM is not finished: its logs cover part of it
+        self.state.finish_epoch(epoch, logs or {})
+        self.save(f"epoch {epoch + 1}" + (", SIGTERM" if self.preempted_at is not None else ""))
+
+
+class TrainState:
+    """What a checkpoint holds besides the model and optimizer: epochs finished and their logs."""
+
+    def __init__(self) -> None:
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.history_json = tf.Variable("{}", dtype=tf.string, trainable=False, name="history")
+
+    def history(self) -> dict[str, list[float]]:
+        return json.loads(self.history_json.numpy().decode())
+
+    def finish_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
+        history = self.history()
+        for name, value in logs.items():
+            if isinstance(value, (int, float)) or hasattr(value, "numpy"):
+                history.setdefault(name, []).append(float(value))
+        history.setdefault("epoch", []).append(epoch + 1)
+        self.history_json.assign(json.dumps(history))
         self.epoch.assign(epoch + 1)
-        step = int(self.model.optimizer.iterations.numpy())
-        path = self.manager.save(checkpoint_number=step)
-        self.printer(f"saved checkpoint {path} at step {step} (epoch {epoch + 1})")
+
+
+class PreemptionFlag:
+    """SIGTERM (what Cloud TPU, GCE spot VMs and Kubernetes send before a kill) sets `requested`;
+    the Checkpointer saves at the next step and stops. Installed only from the main thread."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "PreemptionFlag":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)

@@ -1,13 +1,16 @@
 """The training job: cluster → pipelines → model → fit with checkpoints → eval → metrics.json.
 
 The only layer that ties the others together. Resumes from the newest checkpoint in
-`train.run_dir` (model, optimizer with its step counter, epoch). The input position is not part
-of the checkpoint yet: a resumed run starts a fresh pass over the (shuffled) data.
+`train.run_dir`: model, optimizer (its step counter is the learning-rate schedule's step and the
+input position), and the history of finished epochs. The input pipelines are rebuilt at that
+step (`Pipeline.build(start=...)`): the rest of the interrupted epoch is exactly the examples not
+yet delivered, and later epochs are what they would have been.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -21,7 +24,7 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
-from tpu_pipeline.train.callbacks import EpochCheckpoint, ProgressLogger
+from tpu_pipeline.train.callbacks import Checkpointer, PreemptionFlag, ProgressLogger, TrainState
 
 Printer = Callable[[str], None]
 
@@ -70,6 +73,14 @@ def _element_shape(pipeline: Pipeline) -> list[int]:
     return inputs.shape.as_list()[1:]
 
 
+class Preempted(SystemExit):
+    """Training stopped on SIGTERM after saving a checkpoint; exit code 143 (128 + SIGTERM) tells a
+    scheduler the job did not finish and should be started again."""
+
+    def __init__(self) -> None:
+        super().__init__(143)
+
+
 def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Printer = _print) -> dict[str, Any]:
     """Runs (or resumes) training and evaluation; returns what it writes to run_dir/metrics.json."""
     if config.data is None:
@@ -88,9 +99,13 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     steps = config.train.steps_per_epoch or full_batches(train_pipeline, config.data.batch_size, "data", "train.steps_per_epoch")
     epochs = config.train.epochs
     meter = InputWaitMeter()
-    train_dataset = cluster.strategy.distribute_datasets_from_function(
-        lambda context: metered(train_pipeline.build(context), meter)
-    )
+
+    def train_dataset(step: int) -> Any:
+        """The distributed training stream from global step `step` on (its input position)."""
+        return cluster.strategy.distribute_datasets_from_function(
+            lambda context: metered(train_pipeline.build(context, start=step * train_pipeline.examples_per_step(context)), meter)
+        )
+
     eval_dataset, validation_steps = None, None
     if config.eval_data is not None:
         eval_pipeline = Pipeline.from_config(config.eval_data, target=target, prefix="eval_data")
@@ -102,41 +117,58 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=input_shape,
         num_classes=num_classes(config, train_pipeline), steps_per_epoch=steps, epochs=epochs,
     )
-    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=epoch)
+    state = TrainState()
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=config.train.max_checkpoints)
     resumed_from = 0
+    total_steps = steps * epochs
     if manager.latest_checkpoint:
         restored = checkpoint.restore(manager.latest_checkpoint)
         resumed_from = int(model.optimizer.iterations.numpy())
-        finished = read_metrics(run_dir) if int(epoch.numpy()) >= epochs else None
+        finished = read_metrics(run_dir) if resumed_from >= total_steps else None
         if finished is not None:
             # Nothing to train: the optimizer's slots are never built, so their saved values stay
             # unmatched on purpose (without this, TF warns once per slot at exit).
             restored.expect_partial()
-            printer(f"run already complete: {int(epoch.numpy())} of {epochs} epoch(s), step {resumed_from} "
+            printer(f"run already complete: {int(state.epoch.numpy())} of {epochs} epoch(s), step {resumed_from} "
                     f"({manager.latest_checkpoint}); nothing changed. Its metrics: {metrics_path(run_dir)}")
             return finished
-        printer(f"resumed from {manager.latest_checkpoint}: step {resumed_from}, epoch {int(epoch.numpy())}")
-    initial_epoch = int(epoch.numpy())
+        epoch_now, into = divmod(resumed_from, steps)
+        printer(f"resumed from {manager.latest_checkpoint}: step {resumed_from} (epoch {epoch_now + 1}, step {into} "
+                f"of {steps}); the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
+                "of the training stream")
 
-    progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, steps * epochs, printer)
-    callbacks: list[Any] = [progress, EpochCheckpoint(manager, epoch, printer)]
-    if config.train.tensorboard:
-        profile = tuple(config.train.profile_steps) if config.train.profile_steps else 0
-        callbacks.append(tf_keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=profile))
-    history: dict[str, list[float]] = {}
-    started = time.perf_counter()
-    if initial_epoch < epochs:
-        printer(f"training {epochs - initial_epoch} epoch(s) of {steps} steps, global batch {config.data.batch_size}")
-        result = model.fit(
-            train_dataset, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-            validation_data=eval_dataset, validation_steps=validation_steps,
-            validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
-        )
-        history = result.history
-    train_seconds = time.perf_counter() - started
+    progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer)
+    with PreemptionFlag() as preemption:
+        checkpointer = Checkpointer(manager, state, steps, config.train.checkpoint_every_steps,
+                                    config.train.checkpoint_every_seconds, preemption, printer)
+        callbacks: list[Any] = [progress, checkpointer]
+        if config.train.tensorboard:
+            profile = tuple(config.train.profile_steps) if config.train.profile_steps else 0
+            callbacks.append(tf_keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=profile))
+        started = time.perf_counter()
+        step = resumed_from
+        if step < total_steps:
+            printer(f"training {epochs - step // steps} epoch(s) of {steps} steps, global batch {config.data.batch_size}")
+        while step < total_steps and checkpointer.preempted_at is None:
+            # A resumed epoch runs only its remaining steps, then whole epochs follow: Keras counts
+            # steps per epoch, so the two parts are two fit calls, each on the stream from its step.
+            epoch_now, into = divmod(step, steps)
+            last_epoch = epoch_now + 1 if into else epochs
+            model.fit(
+                train_dataset(step), epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
+                validation_data=eval_dataset, validation_steps=validation_steps,
+                validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
+            )
+            step = int(model.optimizer.iterations.numpy())
+        train_seconds = time.perf_counter() - started
+    if checkpointer.preempted_at is not None:
+        printer(f"stopped by SIGTERM at step {checkpointer.preempted_at} of {total_steps}; the checkpoint is saved: "
+                "start the same command again to resume")
+        sys.stdout.flush()
+        raise Preempted()
 
+    history = state.history()
     metrics: dict[str, Any] = {
         "steps": int(model.optimizer.iterations.numpy()),
         "epochs": epochs,
@@ -149,7 +181,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         "input_wait_fraction": progress.input_wait_fraction(),
         "train_seconds": train_seconds,
         "cluster": {"kind": cluster.kind, "replicas": cluster.num_replicas, "hosts": cluster.num_hosts},
-        "history": {name: [float(v) for v in values] for name, values in history.items()},
+        "history": history,
     }
     if eval_dataset is not None:
         evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)

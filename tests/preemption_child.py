@@ -1,0 +1,89 @@
+"""A child process for the kill-and-resume tests (tests/test_preemption.py); run as a script.
+
+    preemption_child.py loop  CONFIG_JSON OUT_DIR STEPS   # 2 input pipelines, our iterators, a custom loop
+    preemption_child.py train CONFIG_JSON OUT_DIR         # `train` on 8 CPU replicas
+
+Each appends one line per training step to OUT_DIR/ids.log: `step pipeline-or-replica id id ...`.
+A killed child leaves lines for steps after its last checkpoint; the next child redoes those
+steps, so the test keeps the last line written for each (step, part) and also checks that the
+redone steps saw the same ids.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf  # noqa: E402
+
+from tpu_pipeline.config import config_from_dict  # noqa: E402
+
+
+def log_line(out_dir: str, step: int, part: int, ids) -> None:
+    with open(os.path.join(out_dir, "ids.log"), "a") as handle:
+        handle.write(f"{step} {part} {' '.join(str(int(i)) for i in ids)}\n")
+
+
+def loop(config_path: str, out_dir: str, steps: int) -> None:
+    """Two simulated input pipelines in one process, each an iterator saved in the checkpoint."""
+    from tpu_pipeline.pipeline import Pipeline
+
+    config = config_from_dict(json.load(open(config_path)))
+    pipeline = Pipeline.from_config(config.data)
+    iterators = [pipeline.iterator(tf.distribute.InputContext(2, index, 2)) for index in range(2)]
+    step = tf.Variable(0, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(step=step, data0=iterators[0], data1=iterators[1])
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(out_dir, "checkpoints"), max_to_keep=2)
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_consumed()
+        print(f"restored step {int(step.numpy())}", flush=True)
+    while int(step.numpy()) < steps:
+        for index, iterator in enumerate(iterators):
+            log_line(out_dir, int(step.numpy()), index, next(iterator)["id"].numpy())
+        step.assign_add(1)
+        if int(step.numpy()) % 3 == 0:
+            manager.save(checkpoint_number=int(step.numpy()))
+        time.sleep(0.05)  # room for the parent to kill at a chosen step
+    print("done", flush=True)
+
+
+def train(config_path: str, out_dir: str) -> None:
+    """The real training job, with the model's train_step logging the ids (the targets) it trains on."""
+    from tpu_pipeline.train import runner
+
+    build_model = runner.build_model
+
+    def logging_model(*args, **kwargs):
+        model = build_model(*args, **kwargs)
+        train_step = model.train_step
+
+        def log(step, replica, ids):
+            log_line(out_dir, int(step), int(replica), ids.numpy())
+            time.sleep(0.02)  # room for the parent to kill at a chosen step
+            return 0
+
+        def step_with_log(data):
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            done = tf.py_function(log, [model.optimizer.iterations, replica, data[1]], tf.int32)
+            with tf.control_dependencies([done]):
+                return train_step(data)
+
+        model.train_step = step_with_log
+        return model
+
+    runner.build_model = logging_model
+    from tpu_pipeline.cli import main
+
+    main(["tpu-pipeline", "train", "--config", config_path])
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "loop":
+        loop(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        train(sys.argv[2], sys.argv[3])

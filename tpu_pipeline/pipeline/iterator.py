@@ -1,0 +1,107 @@
+"""Iterators that `tf.train.Checkpoint` saves by position: a few integers, never buffered elements.
+
+    it = pipeline.iterator(input_context)               # one input pipeline's batches
+    dist_it = pipeline.distributed_iterator(strategy)   # global steps of a strategy
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt, data=dist_it)
+
+What is saved: `position` (batches or global steps delivered by `next`) and `examples_per_batch`
+(the per-replica or global batch: a check that it did not change): two int64 scalars, 16 bytes, whatever the shuffle
+buffer, record cache or record size. A pipeline's epochs are pure functions of (data.seed, epoch,
+input pipeline) (tpu_pipeline.pipeline.seeds), so after a restore the next `next` rebuilds the
+dataset at that position (`Pipeline.build(start=...)`): it rebuilds the current epoch and skips the
+records already delivered, unparsed. tf.data's own iterator checkpoint saves whole shuffle buffers
+instead, and under a strategy was long not checkpointable at all.
+
+Count on `next` being called eagerly (outside `tf.function`): the position counts Python calls.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tpu_pipeline.pipeline.builder import Pipeline
+
+
+class _Box:
+    """Holds the live tf.data iterator out of the checkpoint's sight (it is not a Trackable attribute)."""
+
+    def __init__(self) -> None:
+        self.iterator: Any = None
+        self.built_at = -1  # the position the live iterator started from
+        self.delivered = 0  # batches it has delivered since
+
+
+class _PositionIterator(tf.Module):
+    """Base: a `position` variable, and a live iterator rebuilt whenever the position moves under it."""
+
+    def __init__(self, pipeline: "Pipeline", examples_per_batch: int, name: str) -> None:
+        super().__init__(name=name)
+        self._pipeline = pipeline
+        with tf.init_scope():
+            self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="position",
+                                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.examples_per_batch = tf.Variable(examples_per_batch, dtype=tf.int64, trainable=False,
+                                                  name="examples_per_batch",
+                                                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._examples_per_batch = examples_per_batch
+        self._box = _Box()
+
+    def _make(self, position: int) -> Any:
+        raise NotImplementedError
+
+    def _live(self) -> Any:
+        position = int(self.position.numpy())
+        box = self._box
+        if box.iterator is None or box.built_at + box.delivered != position:
+            saved = int(self.examples_per_batch.numpy())
+            if saved != self._examples_per_batch:
+                raise ConfigError(
+                    f"the checkpointed input position counts batches of {saved} examples per input pipeline, but this "
+                    f"pipeline's are {self._examples_per_batch}: restore with the batch size and number of replicas "
+                    "it was saved with"
+                )
+            box.iterator, box.built_at, box.delivered = self._make(position), position, 0
+        return box.iterator
+
+    def __iter__(self) -> "_PositionIterator":
+        return self
+
+    def __next__(self) -> Any:
+        element = next(self._live())
+        self._box.delivered += 1
+        self.position.assign_add(1)
+        return element
+
+    def get_next(self) -> Any:
+        return self.__next__()
+
+    @property
+    def element_spec(self) -> Any:
+        return self._live().element_spec
+
+
+class PipelineIterator(_PositionIterator):
+    """One input pipeline's batches (`Pipeline.iterator`); position = batches delivered."""
+
+    def __init__(self, pipeline: "Pipeline", input_context: Optional[tf.distribute.InputContext] = None) -> None:
+        self._context = input_context or tf.distribute.InputContext()
+        super().__init__(pipeline, pipeline.examples_per_batch(self._context), "pipeline_iterator")
+
+    def _make(self, position: int) -> Any:
+        return iter(self._pipeline.build(self._context, start=position * self._examples_per_batch))
+
+
+class DistributedPipelineIterator(_PositionIterator):
+    """Global steps of `strategy.distribute_datasets_from_function`; position = steps delivered."""
+
+    def __init__(self, pipeline: "Pipeline", strategy: tf.distribute.Strategy) -> None:
+        self._strategy = strategy
+        super().__init__(pipeline, pipeline.global_batch_size(), "distributed_pipeline_iterator")
+
+    def _make(self, position: int) -> Any:
+        return iter(self._strategy.distribute_datasets_from_function(
+            lambda context: self._pipeline.build(context, start=position * self._pipeline.examples_per_step(context))))
