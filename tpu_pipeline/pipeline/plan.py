@@ -258,7 +258,7 @@ def _order(config: DataConfig, source: Source, files: tuple[str, ...], prefix: s
         why = "" if requested else " (a resumed run then continues from its step, but not with exactly the same examples)"
         return Decision(requested, f"{prefix}.options.deterministic={str(requested).lower()}{why}")
     return Decision(True, "auto: in order, so a resumed run continues with exactly the examples not yet delivered "
-                          f"(set {prefix}.options.deterministic=false for ~3% more JPEG throughput, without that)")
+                          f"(set {prefix}.options.deterministic=false for ~2% more JPEG throughput, without that)")
 
 
 def _features(config: DataConfig, source: Source, parse: str, prefix: str) -> Decision:
