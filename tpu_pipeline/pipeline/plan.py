@@ -250,7 +250,7 @@ def _order(config: DataConfig, source: Source, files: tuple[str, ...], prefix: s
     pipeline), so a resumed run continues exactly where it stopped (Pipeline.build(start=...)).
     Out of order, a finished element need not wait behind a slow one (a large random crop takes
     ~3x a small one), but which elements form a batch depends on thread timing. Measured side by
-    side (benchmarks/README.md, issue 11): in order costs ~3% on W1 (JPEG decode at the host's
+    side (benchmarks/README.md, issue 11): in order costs ~2% on W1 (JPEG decode at the host's
     limit) and nothing measurable on W2.
     """
     requested = config.options.deterministic
