@@ -5,11 +5,12 @@ exact shard list, the feature spec, the example count and the class names, so a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import tensorflow as tf
 
-from tpu_pipeline.format import DEFAULT_SPLIT, DatasetInfo, dir_features, load_dataset_dir, read_dataset_metadata
+from tpu_pipeline.format import DEFAULT_SPLIT, DatasetInfo, dir_features, load_dataset_dir
 from tpu_pipeline.pipeline.source import ReadOptions, RecordFileSource
 from tpu_pipeline.pipeline.sources import TFRecordSource
 from tpu_pipeline.system import local_path
@@ -23,26 +24,27 @@ class DatasetDirSource(RecordFileSource):
     split: str = DEFAULT_SPLIT
     read: ReadOptions = ReadOptions()
 
+    @functools.cached_property
+    def _files(self) -> TFRecordSource:
+        """The split's shards, compression and record counts, from one read of metadata.json."""
+        metadata, entry = load_dataset_dir(self.dir, self.split)
+        directory = local_path(self.dir)
+        return TFRecordSource(files=[tf.io.gfile.join(directory, name) for name in entry["files"]],
+                              compression=metadata.get("compression", ""), read=self.read, counts=entry.get("counts"))
+
     @property
     def compression(self) -> str:  # type: ignore[override]
-        return read_dataset_metadata(self.dir).get("compression", "")
+        return self._files.compression
 
     def tfrecord_files(self) -> list[str]:
-        _, entry = load_dataset_dir(self.dir, self.split)
-        directory = local_path(self.dir)
-        return [tf.io.gfile.join(directory, name) for name in entry["files"]]
+        return list(self._files.files)
 
     def info(self) -> DatasetInfo:
         metadata, entry = load_dataset_dir(self.dir, self.split)
         return DatasetInfo(int(entry["num_examples"]), metadata.get("class_names"), dir_features(self.dir))
 
     def files_source(self) -> TFRecordSource:
-        _, entry = load_dataset_dir(self.dir, self.split)
-        return TFRecordSource(files=self.tfrecord_files(), compression=self.compression, read=self.read,
-                              counts=entry.get("counts"))
-
-    def count_examples(self) -> int:
-        return int(load_dataset_dir(self.dir, self.split)[1]["num_examples"])
+        return self._files
 
     def epoch_length(self, context: tf.distribute.InputContext) -> Optional[int]:
         return self.files_source().epoch_length(context)

@@ -14,6 +14,7 @@ tensorflow/models' InputReader split ('file': whole files per pipeline, uneven w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Mapping, Optional, Sequence, Union
 
@@ -110,15 +111,23 @@ class TFRecordSource(RecordFileSource):
     read: ReadOptions = ReadOptions()
     counts: Optional[Sequence[int]] = None  # records per file, in tfrecord_files() order, where known
 
+    @functools.cached_property
+    def _listed(self) -> tuple[str, ...]:
+        """The files, globbed once per source object: a pipeline builds, sizes and shards from one list."""
+        return tuple(list_files(self.files))
+
+    @functools.cached_property
+    def _counts(self) -> tuple[int, ...]:
+        if self.counts is not None:
+            return tuple(int(c) for c in self.counts)
+        return tuple(count_records(self.tfrecord_files(), self.compression))
+
     def tfrecord_files(self) -> list[str]:
-        return list_files(self.files)
+        return list(self._listed)
 
     def record_counts(self) -> list[int]:
         """Records per file: given (metadata.json), else one fast pass over the files (no parse), once per process."""
-        files = self.tfrecord_files()
-        if self.counts is not None:
-            return [int(c) for c in self.counts]
-        return count_records(files, self.compression)
+        return list(self._counts)
 
     def count_examples(self) -> int:
         return sum(self.record_counts())
@@ -264,7 +273,12 @@ class ArraySource(Source):
         if total is None:
             return None
         pipelines, index = context.num_input_pipelines, context.input_pipeline_id
-        return {"none": total, "balanced": total // pipelines}.get(self._mode(context), -(-(total - index) // pipelines))
+        mode = self._mode(context)
+        if mode == "none":
+            return total
+        if mode == "balanced":
+            return total // pipelines
+        return -(-(total - index) // pipelines)  # element: every n-th, starting at this pipeline's index
 
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
         lengths = {key: len(value) for key, value in self.arrays.items()}
