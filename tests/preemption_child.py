@@ -1,7 +1,7 @@
 """A child process for the kill-and-resume tests (tests/test_preemption.py); run as a script.
 
     preemption_child.py loop  CONFIG_JSON OUT_DIR STEPS   # 2 input pipelines, our iterators, a custom loop
-    preemption_child.py train CONFIG_JSON OUT_DIR         # `train` on 8 CPU replicas
+    preemption_child.py train CONFIG_JSON OUT_DIR         # `train` (8 CPU replicas, or a TF_CONFIG worker)
 
 Each appends one line per training step to OUT_DIR/ids.log: `step pipeline-or-replica id id ...`.
 A killed child leaves lines for steps after its last checkpoint; the next child redoes those
@@ -24,7 +24,8 @@ from tpu_pipeline.config import config_from_dict  # noqa: E402
 
 
 def log_line(out_dir: str, step: int, part: int, ids) -> None:
-    with open(os.path.join(out_dir, "ids.log"), "a") as handle:
+    # One file per process (IDS_LOG), so that processes training together never interleave lines.
+    with open(os.path.join(out_dir, os.environ.get("IDS_LOG", "ids.log")), "a") as handle:
         handle.write(f"{step} {part} {' '.join(str(int(i)) for i in ids)}\n")
 
 

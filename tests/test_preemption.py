@@ -6,6 +6,7 @@ Slow (each child imports TensorFlow): `pytest -m "not slow"` skips them locally;
 from __future__ import annotations
 
 import collections
+import glob
 import json
 import os
 import random
@@ -29,10 +30,8 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([REP
 def read_log(out_dir: str) -> dict[tuple[int, int], list[int]]:
     """(step, part) → ids; a step redone after a kill must have logged the same ids each time."""
     seen: dict[tuple[int, int], list[int]] = {}
-    path = os.path.join(out_dir, "ids.log")
-    if not os.path.exists(path):
-        return seen
-    for line in open(path).read().splitlines():
+    paths = sorted(glob.glob(os.path.join(out_dir, "ids*.log")))  # one per process (IDS_LOG)
+    for line in (line for path in paths for line in open(path).read().splitlines()):
         fields = line.split()
         if len(fields) < 3:
             continue  # a line cut short by the kill

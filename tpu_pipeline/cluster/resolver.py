@@ -36,6 +36,14 @@ class ClusterInfo:
     memory: Mapping[str, Mapping[str, int]] | None = None  # device -> {'current', 'peak'} bytes; GPU only
     tpu: str | None = None  # the TPU address used, for logs
     source: str = ""  # where the choice came from, e.g. 'TPU_NAME env var' or 'cluster.cpu_replicas'
+    worker_id: int = 0  # this process among the training processes (TF_CONFIG: chief first, then workers)
+    is_chief: bool = True  # writes the run's files; False on the other TF_CONFIG workers
+
+    @property
+    def num_workers(self) -> int:
+        """Training processes (each runs this same program): TF_CONFIG workers, else 1. A TPU pod
+        slice is one process here: TPUStrategy drives every host's TPU and input from it."""
+        return self.num_hosts if self.kind == "multi-worker" else 1
 
     def describe(self) -> str:
         """One line for logs, e.g. `cluster: tpu, 8 replicas on 1 host (TPUStrategy, tpu='local')`."""
@@ -46,6 +54,8 @@ class ClusterInfo:
             extra.append(f"tpu={self.tpu!r}")
         if self.source:
             extra.append(f"from {self.source}")
+        if self.num_workers > 1:
+            extra.append(f"this is worker {self.worker_id}" + (", the chief" if self.is_chief else ""))
         line = f"cluster: {self.kind}, {replicas} on {hosts} ({', '.join(extra)})"
         line += f"; devices: {_summarize(self.devices)}"
         if self.memory:
@@ -220,7 +230,18 @@ def _multi_worker(config: ClusterConfig, env: Mapping[str, str], num_gpus: int) 
         num_hosts=max(num_workers(tf_config), 1),
         devices=tuple(strategy.extended.worker_devices),
         source="TF_CONFIG env var",
+        worker_id=worker_id(tf_config),
+        is_chief=bool(strategy.extended.should_checkpoint),
     )
+
+
+def worker_id(tf_config: Mapping[str, Any]) -> int:
+    """This task's index among the training processes: the 'chief' task first, then 'worker' tasks."""
+    task = tf_config.get("task") or {}
+    has_chief = bool(tf_config.get("cluster", {}).get("chief"))
+    if task.get("type") == "chief":
+        return 0
+    return int(task.get("index", 0)) + (1 if has_chief else 0)
 
 
 def _gpu(config: ClusterConfig) -> ClusterInfo:

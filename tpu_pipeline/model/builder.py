@@ -109,6 +109,10 @@ def build_model(
         model.compile(
             optimizer=optimizer, loss=loss, metrics=metrics, steps_per_execution=steps_per_execution
         )
+    if kind == "multi-worker" and not is_keras3(keras):
+        # tf_keras's "auto" reduction sums each logged metric over the workers, though every worker
+        # already holds the all-reduced value: 2 workers logged accuracy 0.87 for 0.43.
+        model.distribute_reduction_method = "first"
     logger.info(
         "model %s: %d parameters, %s, precision %s, steps_per_execution %d, %d replica(s) (%s)",
         config.architecture, model.count_params(), keras.__name__, precision, steps_per_execution,

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -11,6 +9,8 @@ import tensorflow as tf
 
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter
+from tpu_pipeline.train.preemption import PreemptionFlag
+from tpu_pipeline.train.run_files import RunFiles
 
 
 class ProgressLogger(tf_keras.callbacks.Callback):
@@ -75,18 +75,18 @@ class ProgressLogger(tf_keras.callbacks.Callback):
 
 class Checkpointer(tf_keras.callbacks.Callback):
     """Saves model + optimizer (+ its step counter, which is the input position) + the epoch history
-    with a CheckpointManager: at each epoch end, every `every_steps` steps or `every_seconds`
-    seconds, and at the next step after SIGTERM (`preemption.requested`), after which it stops training.
+    through RunFiles: at each epoch end, every `every_steps` steps or `every_seconds` seconds, and
+    at the step `preemption.stop_now` names after a SIGTERM, after which it stops training.
 
     The history of finished epochs lives in the checkpoint itself (a string variable), so that
     metrics.json after any number of resumes lists every epoch, and never one the checkpoint has not.
     """
 
-    def __init__(self, manager: tf.train.CheckpointManager, state: "TrainState", steps_per_epoch: int,
+    def __init__(self, files: RunFiles, state: "TrainState", steps_per_epoch: int,
                  every_steps: Optional[int] = None, every_seconds: Optional[float] = None,
-                 preemption: Optional["PreemptionFlag"] = None, printer: Callable[[str], None] = print) -> None:
+                 preemption: Optional[PreemptionFlag] = None, printer: Callable[[str], None] = print) -> None:
         super().__init__()
-        self.manager = manager
+        self.files = files
         self.steps_per_epoch = steps_per_epoch
         self.state = state
         self.every_steps = every_steps
@@ -103,8 +103,8 @@ class Checkpointer(tf_keras.callbacks.Callback):
     def save(self, why: str) -> str:
         step = self._step()
         if step == self._last_step:
-            return self.manager.latest_checkpoint
-        path = self.manager.save(checkpoint_number=step)
+            return self.files.latest_checkpoint
+        path = self.files.save_checkpoint(step)
         self._last_step, self._last_time = step, time.monotonic()
         self.printer(f"saved checkpoint {path} at step {step} ({why})")
         return path
@@ -115,7 +115,7 @@ class Checkpointer(tf_keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         step = self._step()
         epoch_end = step % self.steps_per_epoch == 0  # on_epoch_end saves it, with the epoch's history
-        if self.preemption is not None and self.preemption.requested:
+        if self.preemption is not None and self.preemption.stop_now(step):
             self.preempted_at = step
             self.model.stop_training = True
             if not epoch_end:
@@ -153,24 +153,3 @@ class TrainState:
         history.setdefault("epoch", []).append(epoch + 1)
         self.history_json.assign(json.dumps(history))
         self.epoch.assign(epoch + 1)
-
-
-class PreemptionFlag:
-    """SIGTERM (what Cloud TPU, GCE spot VMs and Kubernetes send before a kill) sets `requested`;
-    the Checkpointer saves at the next step and stops. Installed only from the main thread."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-
-    def __enter__(self) -> "PreemptionFlag":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)

@@ -8,7 +8,7 @@ yet delivered, and later epochs are what they would have been.
 """
 from __future__ import annotations
 
-import json
+import itertools
 import os
 import sys
 import time
@@ -18,13 +18,21 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.cluster import ClusterInfo, resolve
+from tpu_pipeline.cluster.coordination import CoordinationService
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.errors import ClusterError, ConfigError
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
-from tpu_pipeline.train.callbacks import Checkpointer, PreemptionFlag, ProgressLogger, TrainState
+from tpu_pipeline.train.callbacks import Checkpointer, ProgressLogger, TrainState
+from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
+from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
+
+# What a collective raises when a peer worker died or hung up.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.InternalError, tf.errors.AbortedError,
+                tf.errors.DeadlineExceededError, tf.errors.CancelledError)
+_RUN_KEYS = itertools.count()  # names this process's train() calls alike on every worker
 
 Printer = Callable[[str], None]
 
@@ -86,11 +94,20 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     if config.data is None:
         raise ConfigError("the config has no 'data' section: training needs one (and usually eval_data)")
     cluster = cluster or resolve(config.cluster)
+    if not cluster.is_chief:
+        printer = _worker_printer(printer, cluster.worker_id)
     printer(cluster.describe())
+    if cluster.num_workers > 1 and config.train.checkpoint_every_seconds:
+        raise ConfigError(
+            "train.checkpoint_every_seconds: with several TF_CONFIG workers every worker must save at the same "
+            "step, and their clocks differ; use train.checkpoint_every_steps instead"
+        )
     if config.train.seed is not None:
         tf_keras.utils.set_random_seed(config.train.seed)
     run_dir = config.train.run_dir
     tf.io.gfile.makedirs(run_dir)
+    run_key = f"run{next(_RUN_KEYS)}"
+    store = CoordinationService() if cluster.num_workers > 1 else None
 
     train_data = _training_data(config)
     target = "tpu" if cluster.kind == "tpu" else "cpu"
@@ -119,11 +136,14 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     )
     state = TrainState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json)
-    manager = tf.train.CheckpointManager(checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=config.train.max_checkpoints)
+    files = RunFiles(run_dir, cluster, checkpoint, config.train.max_checkpoints)
+    latest = files.latest_checkpoint
+    if store is not None:
+        check_same_restore(store, cluster, run_key, latest)
     resumed_from = 0
     total_steps = steps * epochs
-    if manager.latest_checkpoint:
-        restored = checkpoint.restore(manager.latest_checkpoint)
+    if latest:
+        restored = checkpoint.restore(latest)
         resumed_from = int(model.optimizer.iterations.numpy())
         finished = read_metrics(run_dir) if resumed_from >= total_steps else None
         if finished is not None:
@@ -131,16 +151,17 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             # unmatched on purpose (without this, TF warns once per slot at exit).
             restored.expect_partial()
             printer(f"run already complete: {int(state.epoch.numpy())} of {epochs} epoch(s), step {resumed_from} "
-                    f"({manager.latest_checkpoint}); nothing changed. Its metrics: {metrics_path(run_dir)}")
+                    f"({latest}); nothing changed. Its metrics: {metrics_path(run_dir)}")
             return finished
         epoch_now, into = divmod(resumed_from, steps)
-        printer(f"resumed from {manager.latest_checkpoint}: step {resumed_from} (epoch {epoch_now + 1}, step {into} "
+        printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} "
                 f"of {steps}); the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
                 "of the training stream")
 
     progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer)
-    with PreemptionFlag() as preemption:
-        checkpointer = Checkpointer(manager, state, steps, config.train.checkpoint_every_steps,
+    agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
+    with PreemptionFlag(agreement) as preemption:
+        checkpointer = Checkpointer(files, state, steps, config.train.checkpoint_every_steps,
                                     config.train.checkpoint_every_seconds, preemption, printer)
         callbacks: list[Any] = [progress, checkpointer]
         if config.train.tensorboard:
@@ -155,11 +176,19 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             # steps per epoch, so the two parts are two fit calls, each on the stream from its step.
             epoch_now, into = divmod(step, steps)
             last_epoch = epoch_now + 1 if into else epochs
-            model.fit(
-                train_dataset(step), epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
-                validation_data=eval_dataset, validation_steps=validation_steps,
-                validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
-            )
+            try:
+                model.fit(
+                    train_dataset(step), epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
+                    validation_data=eval_dataset, validation_steps=validation_steps,
+                    validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
+                )
+            except _PEER_ERRORS as error:
+                if cluster.num_workers == 1:
+                    raise
+                raise ClusterError(
+                    f"a peer worker stopped or cannot be reached ({_peer_failure(error)}); start every worker again "
+                    f"with the same command: the run resumes from {files.latest_checkpoint or 'its start (no checkpoint yet)'}"
+                ) from None
             step = int(model.optimizer.iterations.numpy())
         train_seconds = time.perf_counter() - started
     if checkpointer.preempted_at is not None:
@@ -187,30 +216,21 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
         metrics["eval_loss"] = float(evaluation["loss"])
         metrics["eval_accuracy"] = float(evaluation["accuracy"])
-    write_metrics(run_dir, metrics)
+    files.write_metrics(metrics)
     printer("final: " + ", ".join(
         f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items() if k not in ("cluster", "history")
     ))
     return metrics
 
 
-def metrics_path(run_dir: str) -> str:
-    return os.path.join(run_dir, "metrics.json")
+def _peer_failure(error: Exception) -> str:
+    """The line of a collective's error that says what happened to the peer (TF's first line says little)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    telling = [line for line in lines if "aborted by" in line or "unhealthy" in line or "connect" in line]
+    text = (telling or lines or [type(error).__name__])[0]
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
-def read_metrics(run_dir: str) -> Optional[dict[str, Any]]:
-    """A finished run's metrics.json, or None when it has none."""
-    path = metrics_path(run_dir)
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path, "r") as handle:
-        return json.loads(handle.read())
-
-
-def write_metrics(run_dir: str, metrics: dict[str, Any]) -> str:
-    """metrics.json, via a temporary file so a reader never sees half of it."""
-    path = metrics_path(run_dir)
-    with tf.io.gfile.GFile(path + ".tmp", "w") as handle:
-        handle.write(json.dumps(metrics, indent=2, sort_keys=True))
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-    return path
+def _worker_printer(printer: Printer, worker_id: int) -> Printer:
+    """Lines of a non-chief worker say whose they are (their logs often end up side by side)."""
+    return lambda line: printer(f"worker {worker_id}: {line}")

@@ -1,0 +1,134 @@
+"""Two real TF_CONFIG workers on loopback sharing one run_dir, as hosts share a gs:// path: one is
+killed, both start again, one gets SIGTERM, both start again; the run ends with one metrics.json,
+the ids of every epoch across both workers are the dataset exactly, and logged metrics are true
+values, not sums over the workers.
+
+Slow (two TensorFlow processes per round): `pytest -m "not slow"` skips it locally; CI runs it.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_preemption import CHILD, ENV, REPO, assert_exact_epochs, max_step, read_log, train_config
+
+pytestmark = pytest.mark.slow
+
+EPOCHS, STEPS_PER_EPOCH, NUM = 3, 8, 512  # 512 examples, global batch 64
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def start_workers(config_path: str, out_dir: str) -> list[subprocess.Popen]:
+    """Two `train` processes of one TF_CONFIG cluster (fresh ports: a restarted cluster is a new one)."""
+    addresses = [f"localhost:{port}" for port in free_ports(2)]
+    workers = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+        env = {**ENV, "TF_CONFIG": json.dumps(tf_config), "IDS_LOG": f"ids-{index}.log"}
+        workers.append(subprocess.Popen([sys.executable, CHILD, "train", config_path, out_dir], cwd=REPO, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return workers
+
+
+def wait_for_step(workers: list[subprocess.Popen], out_dir: str, step: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while max_step(out_dir) < step:
+        assert all(w.poll() is None for w in workers), "a worker ended before the step:\n" + outputs(workers)
+        assert time.monotonic() < deadline, "the workers made no progress:\n" + outputs(workers)
+        time.sleep(0.05)
+
+
+def finish(workers: list[subprocess.Popen], timeout: float = 240) -> list[str]:
+    return [w.communicate(timeout=timeout)[0] for w in workers]
+
+
+def outputs(workers: list[subprocess.Popen]) -> str:
+    for w in workers:
+        if w.poll() is None:
+            w.kill()
+    return "\n----\n".join(w.communicate()[0][-3000:] for w in workers)
+
+
+def test_two_workers_with_a_shared_run_dir_resume_exactly_after_a_kill_and_a_sigterm(tmp_path):
+    from tpu_pipeline.records.demo_shapes import ensure_demo_dataset
+
+    data_dir = ensure_demo_dataset(str(tmp_path / "data"), num_train=NUM, num_eval=64, size=16, num_shards=8)
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    config = train_config(data_dir, run_dir)
+    config["cluster"] = {}  # TF_CONFIG decides: MultiWorkerMirroredStrategy, one replica per worker
+    config["train"].update(epochs=EPOCHS, checkpoint_every_steps=3)
+    config_path = str(tmp_path / "config.json")
+    json.dump(config, open(config_path, "w"))
+    steps = EPOCHS * STEPS_PER_EPOCH
+    rng = random.Random(11)
+
+    # 1. A worker dies (SIGKILL) mid-run; its peer cannot go on alone: it stops with one line that
+    # says to start every worker again.
+    workers = start_workers(config_path, out_dir)
+    wait_for_step(workers, out_dir, rng.randint(4, 9))
+    workers[1].send_signal(signal.SIGKILL)
+    printed = finish(workers, timeout=120)
+    assert workers[0].returncode == 2, printed[0][-3000:]
+    assert "a peer worker stopped or cannot be reached" in printed[0] and "start every worker again" in printed[0]
+    assert "Traceback" not in printed[0], printed[0][-3000:]
+    assert not os.path.exists(os.path.join(run_dir, "metrics.json"))
+    killed_at = max_step(out_dir)
+
+    # 2. Both start again and resume from the chief's newest checkpoint; then only the non-chief
+    # gets SIGTERM: both must save the same step and exit 143.
+    workers = start_workers(config_path, out_dir)
+    wait_for_step(workers, out_dir, killed_at + rng.randint(2, 4))
+    workers[1].send_signal(signal.SIGTERM)
+    printed = finish(workers)
+    assert [w.returncode for w in workers] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
+    resumed = [line for line in printed[0].splitlines() if line.startswith("resumed from")]
+    assert resumed and 0 < int(resumed[0].split("step ")[1].split()[0]) <= killed_at, printed[0][-3000:]
+    stops = [[line for line in p.splitlines() if "stopped by SIGTERM at step" in line] for p in printed]
+    assert all(stops), "\n----\n".join(p[-3000:] for p in printed)
+    stop_steps = {int(s[0].split("at step ")[1].split()[0]) for s in stops}
+    assert len(stop_steps) == 1, stops
+    sigterm_step = stop_steps.pop()
+    assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{sigterm_step}.index"))
+
+    # 3. Both start again and finish.
+    workers = start_workers(config_path, out_dir)
+    printed = finish(workers)
+    assert [w.returncode for w in workers] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
+    assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{sigterm_step}')}: step {sigterm_step}" in printed[0]
+    assert "worker 1: resumed from" in printed[1]  # the same checkpoint, restored from the chief's directory
+
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["resumed_from_step"] == sigterm_step and metrics["steps"] == steps
+    assert metrics["history"]["epoch"] == list(range(1, EPOCHS + 1)), metrics["history"]
+    # 512 classes, an untrained model: the true loss is near ln(512) = 6.24; a sum over 2 workers is 12.5.
+    assert all(loss < 1.2 * math.log(NUM) for loss in metrics["history"]["loss"]), metrics["history"]
+    progress = [float(line.split(" loss ")[1].split()[0]) for line in printed[0].splitlines() if line.startswith("step ")]
+    assert progress and all(loss < 1.2 * math.log(NUM) for loss in progress), progress
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "metrics.json"]  # no worker's temporary files left
+
+    log = read_log(out_dir)
+    assert sorted({step for step, _ in log}) == list(range(steps))
+    assert {replica for _, replica in log} == {0, 1}
+    stream = [i for step in range(steps) for replica in range(2) for i in log[(step, replica)]]
+    assert_exact_epochs([stream], NUM, NUM)
+    assert len(glob.glob(os.path.join(out_dir, "ids-*.log"))) == 2

@@ -1,0 +1,98 @@
+"""SIGTERM → a checkpoint at a step every training process agrees on, then exit 143.
+
+Cloud TPU VMs, GCE spot VMs and Kubernetes send SIGTERM some seconds before they kill. On one
+process the step to save at is simply the next one. With several TF_CONFIG workers only some of
+them may get the signal, and all must save the same step (each save of a synchronous step needs
+every worker) and then stop. The first worker to see its SIGTERM publishes "stop at step s + 1" in
+the cluster's key-value store and waits until every worker has read it; a watcher thread on each
+worker reads it, so nothing is exchanged per step. Workers run in lockstep (every step all-reduces),
+so each reaches the published step at the same callback and saves there.
+
+TF's `PreemptionCheckpointHandler` does this for MultiWorkerMirroredStrategy, but its
+`save_checkpoint_if_preempted` returns at once on GCE CPU and TPU VMs (our users' machines), it
+restores by itself at construction and exits the process its own way; so the protocol is ours,
+on the same store TF uses.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Optional
+
+from tpu_pipeline.cluster.coordination import KeyValueStore
+
+_DONE = "done"
+
+
+class StopAgreement:
+    """The cluster-wide "stop at step N" of one training run, over a key-value store."""
+
+    def __init__(self, store: KeyValueStore, worker_id: int, num_workers: int, run_key: str) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.key = f"tpu_pipeline/{run_key}/stop_at_step"
+        self.step: Optional[int] = None  # set by the watcher once any worker announced
+        self._watcher = threading.Thread(target=self._watch, name="tpu_pipeline-stop-watcher", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        value = self.store.get(self.key)
+        if value is None or value == _DONE:
+            return
+        self.step = int(value)
+        self.store.set(f"{self.key}/ack/{self.worker_id}", "1")
+
+    def announce(self, step: int) -> int:
+        """Publishes `step` (unless another worker was first) and returns the agreed step once
+        every worker has read it, so that none can pass it unaware."""
+        self.store.set(self.key, str(step))
+        agreed = self.store.get(self.key)
+        if agreed == _DONE:  # a peer already finished training: there is nothing left to stop
+            return step
+        for worker in range(self.num_workers):
+            self.store.get(f"{self.key}/ack/{worker}")
+        return int(agreed)
+
+    def close(self) -> None:
+        """Releases every worker's watcher (the first value set stays, so this is harmless after a stop)."""
+        self.store.set(self.key, _DONE)
+
+
+class PreemptionFlag:
+    """SIGTERM sets `requested`; `stop_now(step)` says when this process should save and stop.
+
+    Installed only from the main thread (Python delivers signals there); a notebook or a thread
+    that trains keeps the default handler.
+    """
+
+    def __init__(self, agreement: Optional[StopAgreement] = None) -> None:
+        self.requested = False
+        self.agreement = agreement
+        self._stop_step: Optional[int] = None
+        self._previous: Any = None
+
+    def __enter__(self) -> "PreemptionFlag":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def stop_now(self, step: int) -> bool:
+        """True once this process has finished the step at which it (and all its peers) must stop."""
+        if self.agreement is None:
+            return self.requested
+        if self._stop_step is None:
+            if self.requested:
+                self._stop_step = self.agreement.announce(step + 1)
+            elif self.agreement.step is not None:
+                self._stop_step = self.agreement.step
+        return self._stop_step is not None and step >= self._stop_step
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+        if self.agreement is not None:
+            self.agreement.close()
