@@ -229,3 +229,10 @@ def test_shipped_configs_validate():
             check_ops(getattr(config, prefix), prefix)
             for section in ("preprocess", "augment"):  # every factory accepts its values
                 build_ops(getattr(getattr(config, prefix), section, []), f"{prefix}.{section}")
+
+
+def test_a_key_set_twice_in_a_yaml_file_is_an_error_naming_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  batch_size: 64\n  seed: 1\n  batch_size: 128\n")
+    with pytest.raises(ConfigError, match=r"c.yaml', line 4: key 'batch_size' is already set on line 2; keep one"):
+        load_config(str(path))

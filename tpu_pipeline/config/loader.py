@@ -20,13 +20,40 @@ from tpu_pipeline.config.schema import Config
 from tpu_pipeline.errors import ConfigError
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(f"key {key!r} appears twice (lines {first_line} and {line})")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load, except that a repeated key in one mapping is an error: YAML keeps the last
+    silently, so a second `batch_size:` further down would quietly win."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
 def read_yaml(path: str) -> dict[str, Any]:
     """Reads a YAML mapping from a local path or any tf.io.gfile URL (gs://...)."""
     if not tf.io.gfile.exists(path):
         raise ConfigError(f"config file {path!r} does not exist; pass --config with a path to a YAML file")
     with tf.io.gfile.GFile(path, "r") as handle:
         try:
-            loaded = yaml.safe_load(handle.read())
+            loaded = yaml.load(handle.read(), Loader=_StrictLoader)
+        except _DuplicateKey as error:
+            raise ConfigError(f"config file {path!r}, line {error.line}: key {error.key!r} is already set on line "
+                              f"{error.first_line}; keep one of them (YAML would silently use the last)") from None
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {path!r} is not valid YAML: {error}") from None
     if loaded is None:
