@@ -1,15 +1,18 @@
 """Converts a source (image folder, CSV, NumPy, TFDS) into TFRecord shards plus metadata.json.
 
 Safe output, step by step:
+  0. `OUT/.convert.lock` is taken first (see out_lock.py): a second convert into the same --out
+     refuses at once instead of interleaving its shards with ours; it is released in a `finally`;
   1. a plan (shard count and example ranges per split) goes to `OUT/_incomplete/plan.json`, keyed by
      a fingerprint of the input and of the options that change the output;
   2. each shard is written to `_incomplete/NAME.tmp-XXXX`, renamed to `_incomplete/NAME` once whole,
      then its record `NAME.json` (examples, bytes, skipped items) is written;
   3. when every shard is done they are renamed into OUT, metadata.json is written last, and
      `_incomplete/` is removed.
-An interrupted run leaves no shard under its final name and no metadata.json, so nothing looks
-complete. The same command run again keeps the finished shards and writes the rest; other input or
-other options start over; a finished dataset is left alone (or replaced with `--overwrite`).
+An interrupted or failed run leaves no shard under its final name and no metadata.json (it is
+written only after every shard is whole), so nothing looks complete. The same command run again
+keeps the finished shards and writes the rest; other input or other options start over; a finished
+dataset is left alone (or replaced with `--overwrite`).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from absl import logging
 from tqdm import tqdm
 
 from tpu_pipeline.errors import ConfigError, DataError
+from tpu_pipeline.records.out_lock import out_lock
 from tpu_pipeline.records.parallel import ordered_map
 from tpu_pipeline.records.sharding import num_shards_for, shard_bounds
 from tpu_pipeline.format.metadata import METADATA_FILE, read_metadata, shard_name, write_metadata
@@ -123,6 +127,13 @@ def convert(source: ConvertSource, out_dir: str, options: ConvertOptions = Conve
     options.validate()
     if "://" not in out_dir:
         out_dir = local_path(out_dir, absolute=True)
+    with out_lock(out_dir):  # before anything in out_dir is read or written; released however we leave
+        return _convert_locked(source, out_dir, options)
+
+
+def _convert_locked(source: ConvertSource, out_dir: str, options: ConvertOptions) -> ConvertResult:
+    """The conversion proper, run while this process holds the lock. metadata.json is written only
+    by `_finish`, after every shard is whole: an exception anywhere before it leaves none."""
     key = fingerprint(source, options)
     finished = _finished_dataset(out_dir, key, options)
     if finished is not None:
