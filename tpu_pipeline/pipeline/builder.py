@@ -36,7 +36,8 @@ from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.plan import Plan, make_plan
-from tpu_pipeline.pipeline.source import Source
+from tpu_pipeline.pipeline.source import RecordFileSource, Source
+from tpu_pipeline.pipeline.spec_check import check_features, first_record
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.stages import (
@@ -180,8 +181,19 @@ class Pipeline:
         """
         source = source or source_from_config(config)
         plan = make_plan(config, source, prefix)
+        if plan.features.value and isinstance(source, RecordFileSource):
+            check_first_record(source, plan.features.value, prefix)
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),
                    check_tpu=target == "tpu", plan=plan)
+
+
+def check_first_record(source: RecordFileSource, features: Any, prefix: str) -> None:
+    """The feature spec against the first record found in the first few files (build time, not a trace later)."""
+    for path in source.tfrecord_files()[:3]:
+        record = first_record(path, getattr(source, "compression", ""))
+        if record is not None:
+            check_features(path, record, features, prefix)
+            return
 
 
 def source_from_config(config: DataConfig) -> Source:
@@ -234,7 +246,7 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
         parse = make_parser(features) if features else None
         if config.cache.enabled:
             stages.append(MapFeatures(ops=pre_ops, random_ops=pre_random, parse=parse, name="preprocess", **map_args))
-            stages.append(Cache(config.cache.path))
+            stages.append(Cache.for_config(config, plan, prefix))
             parse, pre_ops, pre_random = None, [], []
         stages += [shuffle] if shuffling == "stream" else []
         stages.append(repeat)

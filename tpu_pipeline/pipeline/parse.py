@@ -5,20 +5,7 @@ from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
-_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
-
-
-def feature_spec(features: Mapping[str, Any]) -> dict[str, Any]:
-    """FeatureConfig mapping → the dict tf.io.parse_*example expects."""
-    spec: dict[str, Any] = {}
-    for name, feature in features.items():
-        dtype = _DTYPES[feature.dtype]
-        if feature.kind == "var":
-            spec[name] = tf.io.VarLenFeature(dtype)
-        else:
-            spec[name] = tf.io.FixedLenFeature(feature.shape, dtype, default_value=feature.default)
-    return spec
-
+from tpu_pipeline.format.example_check import feature_spec
 
 def make_parser(features: Mapping[str, Any], batched: bool = False) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     """Returns fn(serialized) → dict of dense tensors (VarLen features densified).

@@ -13,8 +13,11 @@ tensorflow/models' InputReader split ('file': whole files per pipeline, uneven w
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import os
+import re
 import threading
 from typing import Mapping, Optional, Sequence, Union
 
@@ -43,8 +46,33 @@ def list_files(patterns: Union[str, Sequence[str]]) -> list[str]:
                 f"data.source.files: pattern {pattern!r} matches no file; check the path "
                 "(and that gs:// credentials are set up on this machine)"
             )
-        files.extend(matched)
+        files.extend(_readable_files(pattern, matched))
     return sorted(set(files))
+
+
+def _readable_files(pattern: str, matched: list[str]) -> list[str]:
+    """The matches, or a one-line error for one that cannot be read as a file (TF's own error would
+    come later, from inside the pipeline, without the path)."""
+    for path in matched:
+        if "://" not in path and os.path.islink(path) and not os.path.exists(path):
+            raise DataError(f"data.source.files: {path!r} (from {pattern!r}) is a symbolic link to "
+                            f"{os.readlink(path)!r}, which does not exist; fix or remove the link, or narrow the pattern")
+        if tf.io.gfile.isdir(path):
+            raise DataError(f"data.source.files: {pattern!r} matches the directory {path!r}; match files only "
+                            f"(e.g. {tf.io.gfile.join(path, '*.tfrecord')!r}), or use data.source.dir for a converted dataset")
+    return matched
+
+
+def check_sizes(files: Sequence[str], counts: Sequence[int], origin: str) -> None:
+    """A file far too small for the records `origin` (metadata.json) lists is an error now, not a
+    short epoch later: every TFRecord takes at least 16 bytes of framing. One stat per file, in parallel."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        sizes = list(pool.map(lambda path: int(tf.io.gfile.stat(path).length), files))
+    for path, size, count in zip(files, sizes, counts):
+        if size < 16 * count:
+            what = "is empty (0 bytes)" if size == 0 else f"has {size:,} bytes, too few for them"
+            raise DataError(f"{path}: {origin} lists {count} record(s) in this file, but it {what}; the file is damaged "
+                            "or was replaced: write the dataset again (tpu-pipeline convert), or restore the file")
 
 
 def choose_sharding(requested: str, num_files: int, num_pipelines: int, balanced: bool = False) -> str:
@@ -97,9 +125,25 @@ def count_records(files: Sequence[str], compression: str = "") -> list[int]:
                 lambda path: tf.data.TFRecordDataset(path, compression_type=compression).reduce(
                     tf.constant(0, tf.int64), lambda count, _: count + 1),
                 num_parallel_calls=8, deterministic=True)
-            for key, count in zip(missing, counted.as_numpy_iterator()):
-                _COUNTS[key] = int(count)
+            try:
+                for key, count in zip(missing, counted.as_numpy_iterator()):
+                    _COUNTS[key] = int(count)
+            except tf.errors.DataLossError:
+                _name_damaged_file([key[0] for key in missing], compression)
+                raise
         return [_COUNTS[key] for key in keys]
+
+
+def _name_damaged_file(files: Sequence[str], compression: str) -> None:
+    """Counting failed somewhere in `files` (TF's error names no file): find the file, one by one."""
+    for path in files:
+        try:
+            tf.data.TFRecordDataset(path, compression_type=compression).reduce(0, lambda count, _: count + 1)
+        except tf.errors.DataLossError as error:
+            found = re.search(r"(corrupted|truncated) record at \d+", str(error))
+            what = found.group(0) if found else "unreadable"
+            raise DataError(f"{path}: {what} (bytes that are not TFRecord framing: a damaged or truncated file); copy "
+                            "or convert it again; tpu-pipeline verify lists every damaged record") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +163,17 @@ class TFRecordSource(RecordFileSource):
     @functools.cached_property
     def _counts(self) -> tuple[int, ...]:
         if self.counts is not None:
-            return tuple(int(c) for c in self.counts)
-        return tuple(count_records(self.tfrecord_files(), self.compression))
+            counts = tuple(int(c) for c in self.counts)
+            if not self.compression:  # a compressed file can be smaller than its framing
+                check_sizes(self.tfrecord_files(), counts, "metadata.json")
+            return counts
+        counts = tuple(count_records(self.tfrecord_files(), self.compression))
+        empty = [path for path, count in zip(self.tfrecord_files(), counts) if count == 0]
+        if empty:
+            logging.warning("%d of the %d files matched by data.source.files hold no record (e.g. %s): "
+                            "nothing is read from them; check that they were written completely",
+                            len(empty), len(counts), empty[0])
+        return counts
 
     def tfrecord_files(self) -> list[str]:
         return list(self._listed)

@@ -15,6 +15,8 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops.registry import OpFn
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
+from tpu_pipeline.pipeline.cache_key import check_cache_path, fingerprint, prepare_prefix
+from tpu_pipeline.system import local_path
 
 Features = dict[str, Any]
 
@@ -85,16 +87,37 @@ class MapFeatures:
 
 @dataclasses.dataclass(frozen=True)
 class Cache:
-    """Caches in memory ('' path) or to files; a file cache gets one prefix per input pipeline."""
+    """Caches in memory ('' path) or to files; a file cache gets one prefix per input pipeline.
+
+    `key`: a fingerprint of everything upstream (tpu_pipeline.pipeline.cache_key), part of each
+    prefix, so a changed config never replays another config's cache. `Cache.for_config` sets it.
+    """
 
     path: str = ""
+    key: str = ""
+    where: str = "data.cache.path"  # the config key, for messages
+
+    @classmethod
+    def for_config(cls, config: Any, plan: Any, prefix: str = "data") -> "Cache":
+        """The cache `config.cache` asks for, its path checked now (one-line ConfigError), keyed on the config."""
+        where = f"{prefix}.cache.path"
+        if not config.cache.path:
+            return cls(where=where)
+        check_cache_path(config.cache.path, where)
+        return cls(local_path(config.cache.path), fingerprint(config, plan), where)
+
+    def file_prefix(self, context: tf.distribute.InputContext) -> str:
+        """`<path>/pipeline<i>-of-<n>.<key>`: TensorFlow adds .index, .data-*, _<shard>.lockfile."""
+        name = f"pipeline{context.input_pipeline_id}-of-{context.num_input_pipelines}"
+        return tf.io.gfile.join(self.path, f"{name}.{self.key}" if self.key else name)
 
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         if not self.path:
             return dataset.cache()
         tf.io.gfile.makedirs(self.path)
-        suffix = f"pipeline{context.input_pipeline_id}-of-{context.num_input_pipelines}"
-        return dataset.cache(tf.io.gfile.join(self.path, suffix))
+        prefix = self.file_prefix(context)
+        prepare_prefix(prefix, self.where)
+        return dataset.cache(prefix)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,40 @@
+"""The feature spec checked against a real record before anything runs.
+
+A wrong feature name, dtype or shape otherwise surfaces as a runtime trace from inside
+`parse_example`, deep in tf.data and after the model is built (on a TPU, after minutes of
+compilation). One record of the source's first file is read eagerly (a few KB) and compared key by
+key in Python (`format.example_check`, which `verify` uses on every record), so the error names
+the file, the key and the fix.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.errors import ConfigError, DataError
+from tpu_pipeline.format.example_check import misfit
+
+
+def first_record(path: str, compression: str = "") -> Optional[bytes]:
+    """The file's first serialized record, None when it has none; a DataError naming the file if unreadable."""
+    with tf.init_scope():
+        try:
+            for record in tf.data.TFRecordDataset(path, compression_type=compression).take(1):
+                return bytes(record.numpy())
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+            first_line = (str(error).splitlines() or [""])[0]
+            raise DataError(f"{path}: the first record cannot be read ({type(error).__name__}: {first_line}); the "
+                            "file is damaged or not a TFRecord file (check data.source.compression; "
+                            "tpu-pipeline verify lists every damaged record)") from None
+    return None
+
+
+def check_features(path: str, record: bytes, features: Mapping[str, Any], prefix: str = "data") -> None:
+    """Raises a one-line error when `record` (the first of `path`) does not fit the feature spec."""
+    found = misfit(record, features)
+    if found is None:
+        return
+    if found.key is None:
+        raise DataError(f"{path}: record 0 is {found.what}, which {prefix}.features describes; {found.fix}")
+    raise ConfigError(f"{prefix}.features.{found.key}: record 0 of {path} {found.what}; {found.fix}")
