@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("tpu_pipeline.commands.convert", "convert an image folder, CSV/NumPy or TFDS dataset to TFRecord shards"),
     "bench": ("tpu_pipeline.commands.bench", "measure one input pipeline: examples/s, CPU per example, ceilings"),
     "doctor": ("tpu_pipeline.commands.doctor", "measure each stage, name the bottleneck, propose a tuned config"),
+    "verify": ("tpu_pipeline.commands.verify", "read every record once and list damaged or misfitting ones (exit 1 if any)"),
 }
 
 

@@ -16,7 +16,8 @@ from tpu_pipeline.config.loader import apply_overrides
 from tpu_pipeline.errors import ConfigError
 
 flags.DEFINE_string("write-tuned", None, "write the whole config with the proposed changes applied here (YAML)")
-flags.DEFINE_string("json", None, "write the diagnosis here as JSON, for scripts")
+if "json" not in flags.FLAGS:  # verify defines the same flag; a process may import both
+    flags.DEFINE_string("json", None, "write the diagnosis (or report) here as JSON, for scripts")
 flags.DEFINE_string("chart", None, "write a PNG chart of per-stage rates here")
 flags.DEFINE_enum("section", "data", ["data", "eval_data"], "which pipeline of the config")
 flags.DEFINE_integer("batches", 20, "batches per timed run of the whole pipeline")

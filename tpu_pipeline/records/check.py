@@ -1,0 +1,168 @@
+"""Checking TFRecord files record by record, locating every fault: what `verify` runs on every file,
+and what `train` runs to name the file and record behind a data error.
+
+Per record: framing and both CRCs (`records.scan`, which goes on after a bad data CRC), the record
+against the feature spec (`format.example_check`, the same check the pipeline makes on one record
+at build time), the label against the class count where it is known, and the deterministic
+preprocessing ops one by one (so a failure names its op: a JPEG that does not decode). Per file:
+its record count against metadata.json. Random ops are left out: they are not the data's fault.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.format.example_check import feature_spec, misfit
+from tpu_pipeline.ops import build_ops
+from tpu_pipeline.records.scan import FramingFault, Record, scan_records
+
+FIXES = {
+    "truncated": "the file was cut short (an interrupted copy or write): copy or convert it again",
+    "bad_length_crc": "the framing is damaged: copy or convert the file again; the records after this one cannot be read",
+    "bad_data_crc": "the record's bytes are corrupted: copy or convert the file again",
+    "unreadable": "check data.source.compression, or copy the file again",
+    "not_an_example": "was the file written by something else (raw bytes, a SequenceExample)?",
+    "op_failed": "the bytes do not decode as the op expects: re-encode the source item and convert again",
+    "label_out_of_range": "fix the label, or set train.num_classes to the real number of classes",
+    "count_mismatch": "the file differs from what metadata.json lists: convert the dataset again, or restore the file",
+    "empty_file": "the file holds no record: remove it from the glob, or write it again",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    file: str
+    record: Optional[int]  # None for a fault of the whole file
+    offset: Optional[int]  # byte offset of the record's header
+    kind: str
+    what: str
+    fix: str
+
+    def line(self) -> str:
+        """One line: where, what is wrong, and the fix."""
+        where = self.file if self.record is None else f"{self.file}, record {self.record}"
+        if self.offset is not None:
+            where += f" (byte {self.offset:,})"
+        return f"{where}: {self.what}; {self.fix}"
+
+
+@dataclasses.dataclass
+class Report:
+    section: str
+    files: int = 0
+    records: int = 0  # records framed (read), good or bad
+    faults: list[Fault] = dataclasses.field(default_factory=list)
+
+    def by_kind(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for fault in self.faults:
+            counts[fault.kind] = counts.get(fault.kind, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"section": self.section, "files": self.files, "records": self.records, "faults_by_kind": self.by_kind(),
+                "faults": [dataclasses.asdict(f) for f in self.faults]}
+
+    def table(self, limit: int = 40) -> str:
+        head = f"{self.section}: {self.records:,} records in {self.files} file(s): "
+        if not self.faults:
+            return head + "no fault found"
+        kinds = ", ".join(f"{kind} {count}" for kind, count in self.by_kind().items())
+        lines = [head + f"{len(self.faults)} fault(s) ({kinds})", "file | record | offset | what is wrong | fix"]
+        for fault in self.faults[:limit]:
+            record = "-" if fault.record is None else str(fault.record)
+            offset = "-" if fault.offset is None else f"{fault.offset:,}"
+            lines.append(f"{fault.file} | {record} | {offset} | {fault.what} | {fault.fix}")
+        if len(self.faults) > limit:
+            lines.append(f"... and {len(self.faults) - limit} more (write them all with --json)")
+        return "\n".join(lines)
+
+
+def label_key(config: DataConfig, features: dict[str, Any]) -> Optional[str]:
+    outputs = config.outputs
+    target = getattr(outputs, "targets", None) if outputs is not None else None
+    if isinstance(target, str) and target in features:
+        return target
+    return "label" if "label" in features else None
+
+
+def tf_message(error: BaseException, limit: int = 200) -> str:
+    """TF's message without its graph-node prefix and op suffix: `Unknown image file format. ...`."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip() and "Graph execution error" not in line]
+    text = lines[0] if lines else type(error).__name__
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
+    text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or type(error).__name__
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)  # parse errors quote the raw bytes
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class FileChecker:
+    """Everything about one config that checking a record needs, built once and shared by threads."""
+
+    def __init__(self, config: DataConfig, prefix: str, features: dict[str, Any], num_classes: Optional[int]) -> None:
+        self.features = features
+        self.spec = feature_spec(features)
+        fns, random = build_ops(config.preprocess, f"{prefix}.preprocess")
+        self.ops = [(f"{prefix}.preprocess[{i}] ({op.op})", fn)
+                    for i, (op, fn, is_random) in enumerate(zip(config.preprocess, fns, random)) if not is_random]
+        self.label_key = label_key(config, features)
+        self.num_classes = num_classes
+
+    def record_fault(self, path: str, record: Record) -> Optional[Fault]:
+        found = misfit(record.data, self.features)
+        if found is not None:
+            what = found.what if found.key is None or found.kind == "missing_feature" else f"feature {found.key!r} {found.what}"
+            return Fault(path, record.index, record.offset, found.kind, what, found.fix)
+        parsed = tf.io.parse_single_example(record.data, self.spec)
+        if self.label_key and self.num_classes:
+            value = parsed[self.label_key]
+            if not isinstance(value, tf.SparseTensor) and value.dtype == tf.int64 and value.shape.rank == 0:
+                label = int(value.numpy())
+                if not 0 <= label < self.num_classes:
+                    return Fault(path, record.index, record.offset, "label_out_of_range",
+                                 f"label {self.label_key!r} is {label}, outside 0..{self.num_classes - 1}",
+                                 FIXES["label_out_of_range"])
+        features: Any = {k: (tf.sparse.to_dense(v) if isinstance(v, tf.SparseTensor) else v) for k, v in parsed.items()}
+        for name, fn in self.ops:
+            try:
+                features = fn(features, None)
+            except (tf.errors.OpError, ValueError, TypeError) as error:
+                return Fault(path, record.index, record.offset, "op_failed", f"{name} fails: {tf_message(error)}",
+                             FIXES["op_failed"])
+        return None
+
+    def check_file(self, path: str, compression: str, expected: Optional[int],
+                   tick: Callable[[int], None] = lambda count: None, first_only: bool = False,
+                   stop: Optional[threading.Event] = None) -> tuple[int, list[Fault]]:
+        """(records framed, the file's faults); `first_only` stops at the first fault, `stop` when set."""
+        faults: list[Fault] = []
+        framed = 0
+        for item in scan_records(path, compression):
+            if stop is not None and stop.is_set():
+                return framed, faults
+            if isinstance(item, FramingFault):
+                framed += 0 if item.rest_lost else 1
+                what = item.what + ("; the rest of the file cannot be read" if item.rest_lost else "")
+                faults.append(Fault(path, item.index, item.offset, item.kind, what, FIXES[item.kind]))
+                if first_only:
+                    return framed, faults
+                continue
+            framed += 1
+            fault = self.record_fault(path, item)
+            if fault is not None:
+                faults.append(fault)
+            tick(1)
+            if first_only and faults:
+                return framed, faults
+        lost_tail = any(f.kind in ("truncated", "bad_length_crc", "unreadable") for f in faults)
+        if expected is not None and framed != expected and not lost_tail:
+            faults.append(Fault(path, None, None, "count_mismatch",
+                                f"holds {framed} record(s), metadata.json lists {expected}", FIXES["count_mismatch"]))
+        elif expected is None and framed == 0 and not faults:
+            faults.append(Fault(path, None, None, "empty_file", "holds no record", FIXES["empty_file"]))
+        return framed, faults
