@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf  # noqa: E402
 
-from tpu_pipeline.records.demo_shapes import default_cache_dir  # noqa: E402
+from tpu_pipeline.system import default_cache_dir  # noqa: E402
 from tpu_pipeline.format import read_metadata, write_metadata  # noqa: E402
 from tpu_pipeline.records.writer import bytes_feature, float_feature, int_feature, write_split  # noqa: E402
 

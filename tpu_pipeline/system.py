@@ -12,6 +12,11 @@ def local_path(path: str, absolute: bool = False) -> str:
     return os.path.abspath(expanded) if absolute else expanded
 
 
+def default_cache_dir() -> str:
+    """$TPU_PIPELINE_CACHE, else ~/.cache/tpu_pipeline: the demo data, benchmarks' data and verified-file results."""
+    return os.environ.get("TPU_PIPELINE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tpu_pipeline")
+
+
 def available_cores() -> int:
     """Cores this process may run on (affinity-aware, so containers and taskset are respected)."""
     try:

@@ -1,7 +1,7 @@
 """`verify`: read every record of a config's source once, before paying for a TPU, and list every fault.
 
 The files come from the config's source (a glob or a converted dataset's metadata.json, with its
-record counts and class names); each file is checked by `records.check.FileChecker`, in parallel
+record counts and class names); each file is checked by `pipeline.record_check.FileChecker`, in parallel
 (one thread per file, up to the host's cores: TF ops and CRCs release the GIL).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tpu_pipeline.pipeline.builder import source_from_config
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.plan import make_plan
 from tpu_pipeline.pipeline.source import RecordFileSource
-from tpu_pipeline.records.check import Fault, FileChecker, Report
+from tpu_pipeline.pipeline.record_check import Fault, FileChecker, Report
 
 
 def _checked_files(config: DataConfig, prefix: str, num_classes: Optional[int]

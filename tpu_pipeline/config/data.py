@@ -235,6 +235,15 @@ class DataConfig(StrictModel):
         "auto", description="parallel calls of the preprocessing map; auto: the cores this process may use"
     )
     options: OptionsConfig = OptionsConfig()
+    on_error: Literal["raise", "skip"] = pydantic.Field(
+        "raise", description="raise: the first bad record stops the run with one line naming file, record and "
+        "fix; skip: every record is checked once before the first epoch (the result is cached per file "
+        "contents), bad ones are left out, counted by kind and file, and logged once each"
+    )
+    max_skipped: Union[pydantic.NonNegativeInt, pydantic.confloat(ge=0.0, lt=1.0)] = pydantic.Field(
+        0.01, description="with on_error: skip, the most records that may be left out: a count (an int) or a "
+        "fraction of all records (a float below 1); more is an error"
+    )
 
     @pydantic.model_validator(mode="after")
     def _check_features(self, info: pydantic.ValidationInfo) -> "DataConfig":

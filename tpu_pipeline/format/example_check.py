@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 import tensorflow as tf
 from google.protobuf.message import DecodeError
@@ -45,9 +45,9 @@ def parse_example(record: bytes) -> Optional[tf.train.Example]:
     return example
 
 
-def misfit(record: bytes, features: Mapping[str, Any]) -> Optional[Misfit]:
-    """The first way `record` does not fit `features`, None when it fits."""
-    example = parse_example(record)
+def misfit(record: Union[bytes, tf.train.Example], features: Mapping[str, Any]) -> Optional[Misfit]:
+    """The first way `record` (serialized, or already parsed) does not fit `features`, None when it fits."""
+    example = record if isinstance(record, tf.train.Example) else parse_example(record)
     if example is None:
         return Misfit("not_an_example", None, "not a tf.train.Example",
                       "was the file written by something else (raw bytes, a SequenceExample)?")

@@ -32,6 +32,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.ops import build_ops
+from tpu_pipeline.pipeline.bad_records import SkipReport, check_files
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
@@ -92,6 +93,7 @@ class Pipeline:
     stages: Sequence[Any] = ()
     check_tpu: bool = False
     plan: Optional[Plan] = None
+    skipped: Optional[SkipReport] = None  # with data.on_error=skip: the records left out, by kind and file
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0) -> tf.data.Dataset:
         """The dataset of one input pipeline; `start`: examples it delivered before (a resume).
@@ -173,18 +175,40 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, config: DataConfig, *, target: str = "cpu", source: Optional[Source] = None,
-                    prefix: str = "data") -> "Pipeline":
+                    prefix: str = "data", num_classes: Optional[int] = None) -> "Pipeline":
         """The pipeline a config describes, planned once. `target='tpu'` adds the TPU check.
 
         `source` replaces the config's source, e.g. `ArraySource(arrays)` from Python; `prefix` is
-        the config key errors name (data, eval_data).
+        the config key errors name (data, eval_data); `num_classes`, where known, lets
+        `on_error: skip` check labels.
         """
         source = source or source_from_config(config)
+        skipped = None
+        if config.on_error == "skip" and isinstance(source, RecordFileSource):
+            source, skipped = without_bad_records(config, source, prefix, num_classes)
         plan = make_plan(config, source, prefix)
-        if plan.features.value and isinstance(source, RecordFileSource):
+        if plan.features.value and isinstance(source, RecordFileSource) and skipped is None:
             check_first_record(source, plan.features.value, prefix)
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),
-                   check_tpu=target == "tpu", plan=plan)
+                   check_tpu=target == "tpu", plan=plan, skipped=skipped)
+
+
+def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: str,
+                        num_classes: Optional[int]) -> tuple[RecordFileSource, SkipReport]:
+    """The source reading only good records (damaged files replaced by checked copies), and what was left out."""
+    files_source = source.files_source() if isinstance(source, DatasetDirSource) else source
+    assert isinstance(files_source, TFRecordSource)
+    files = files_source.tfrecord_files()
+    expected = list(files_source.counts) if files_source.counts is not None else [None] * len(files)
+    info = source.info()
+    features = config.features or info.features
+    report = check_files(config, prefix, files, files_source.compression, features, expected,
+                         num_classes or info.num_classes)
+    clean = TFRecordSource(files=[r.read_from for r in report.files], compression=files_source.compression,
+                           read=files_source.read, counts=[r.good for r in report.files], exact_files=True)
+    if isinstance(source, DatasetDirSource):
+        return dataclasses.replace(source, replaced=clean), report
+    return clean, report
 
 
 def check_first_record(source: RecordFileSource, features: Any, prefix: str) -> None:

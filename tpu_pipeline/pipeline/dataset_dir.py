@@ -23,10 +23,13 @@ class DatasetDirSource(RecordFileSource):
     dir: str
     split: str = DEFAULT_SPLIT
     read: ReadOptions = ReadOptions()
+    replaced: Optional[TFRecordSource] = None  # the shards as data.on_error=skip left them (good records only)
 
     @functools.cached_property
     def _files(self) -> TFRecordSource:
         """The split's shards, compression and record counts, from one read of metadata.json."""
+        if self.replaced is not None:
+            return dataclasses.replace(self.replaced, read=self.read)
         metadata, entry = load_dataset_dir(self.dir, self.split)
         directory = local_path(self.dir)
         return TFRecordSource(files=[tf.io.gfile.join(directory, name) for name in entry["files"]],
@@ -41,7 +44,8 @@ class DatasetDirSource(RecordFileSource):
 
     def info(self) -> DatasetInfo:
         metadata, entry = load_dataset_dir(self.dir, self.split)
-        return DatasetInfo(int(entry["num_examples"]), metadata.get("class_names"), dir_features(self.dir))
+        examples = sum(self.replaced.counts) if self.replaced is not None else int(entry["num_examples"])
+        return DatasetInfo(examples, metadata.get("class_names"), dir_features(self.dir))
 
     def files_source(self) -> TFRecordSource:
         return self._files

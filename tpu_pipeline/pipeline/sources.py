@@ -154,10 +154,13 @@ class TFRecordSource(RecordFileSource):
     compression: str = ""
     read: ReadOptions = ReadOptions()
     counts: Optional[Sequence[int]] = None  # records per file, in tfrecord_files() order, where known
+    exact_files: bool = False  # `files` is the final list, in order (e.g. with repaired copies): no glob, no sort
 
     @functools.cached_property
     def _listed(self) -> tuple[str, ...]:
         """The files, globbed once per source object: a pipeline builds, sizes and shards from one list."""
+        if self.exact_files:
+            return tuple(self.files)
         return tuple(list_files(self.files))
 
     @functools.cached_property

@@ -13,14 +13,10 @@ import tensorflow as tf
 
 from tpu_pipeline.format import read_metadata, write_metadata
 from tpu_pipeline.records.writer import bytes_feature, int_feature, write_split
+from tpu_pipeline.system import default_cache_dir
 
 CLASS_NAMES = ("circle", "square", "triangle", "cross")
 VERSION = "v1"
-
-
-def default_cache_dir() -> str:
-    """$TPU_PIPELINE_CACHE, else ~/.cache/tpu_pipeline."""
-    return os.environ.get("TPU_PIPELINE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tpu_pipeline")
 
 
 def _mask(label: int, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -25,7 +25,7 @@ from tpu_pipeline.errors import ClusterError, ConfigError, DataError, TpuPipelin
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
-from tpu_pipeline.records.check import tf_message
+from tpu_pipeline.pipeline.record_check import tf_message
 from tpu_pipeline.train.callbacks import Checkpointer, ProgressLogger, TrainState
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
@@ -115,7 +115,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
 
     train_data = _training_data(config)
     target = "tpu" if cluster.kind == "tpu" else "cpu"
-    train_pipeline = Pipeline.from_config(train_data, target=target)
+    train_pipeline = Pipeline.from_config(train_data, target=target, num_classes=config.train.num_classes)
     input_shape = _element_shape(train_pipeline)
     steps = config.train.steps_per_epoch or full_batches(train_pipeline, config.data.batch_size, "data", "train.steps_per_epoch")
     epochs = config.train.epochs
@@ -127,9 +127,10 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             lambda context: metered(train_pipeline.build(context, start=step * train_pipeline.examples_per_step(context)), meter)
         )
 
-    eval_dataset, validation_steps = None, None
+    eval_dataset, validation_steps, eval_pipeline = None, None, None
     if config.eval_data is not None:
-        eval_pipeline = Pipeline.from_config(config.eval_data, target=target, prefix="eval_data")
+        eval_pipeline = Pipeline.from_config(config.eval_data, target=target, prefix="eval_data",
+                                             num_classes=config.train.num_classes)
         eval_dataset = eval_pipeline.distribute(cluster.strategy)
         # Keras needs a step count for a distributed eval set: one full pass unless train.eval_steps says less.
         validation_steps = config.train.eval_steps or full_batches(eval_pipeline, config.eval_data.batch_size, "eval_data", "train.eval_steps")
@@ -218,6 +219,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         "cluster": {"kind": cluster.kind, "replicas": cluster.num_replicas, "hosts": cluster.num_hosts},
         "history": history,
     }
+    skipped = {p.skipped.section: p.skipped.as_dict() for p in (train_pipeline, eval_pipeline) if p and p.skipped}
+    if skipped:
+        metrics["skipped"] = skipped  # data.on_error=skip: records left out, by kind and file
     if eval_dataset is not None:
         try:
             evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
@@ -227,7 +231,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         metrics["eval_accuracy"] = float(evaluation["accuracy"])
     files.write_metrics(metrics)
     printer("final: " + ", ".join(
-        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items() if k not in ("cluster", "history")
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items() if k not in ("cluster", "history", "skipped")
     ))
     return metrics
 

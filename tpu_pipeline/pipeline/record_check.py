@@ -1,7 +1,7 @@
 """Checking TFRecord files record by record, locating every fault: what `verify` runs on every file,
 and what `train` runs to name the file and record behind a data error.
 
-Per record: framing and both CRCs (`records.scan`, which goes on after a bad data CRC), the record
+Per record: framing and both CRCs (`pipeline.record_scan`, which goes on after a bad data CRC), the record
 against the feature spec (`format.example_check`, the same check the pipeline makes on one record
 at build time), the label against the class count where it is known, and the deterministic
 preprocessing ops one by one (so a failure names its op: a JPEG that does not decode). Per file:
@@ -17,9 +17,9 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.format.example_check import feature_spec, misfit
+from tpu_pipeline.format.example_check import feature_spec, misfit, parse_example
 from tpu_pipeline.ops import build_ops
-from tpu_pipeline.records.scan import FramingFault, Record, scan_records
+from tpu_pipeline.pipeline.record_scan import FramingFault, Record, scan_records
 
 FIXES = {
     "truncated": "the file was cut short (an interrupted copy or write): copy or convert it again",
@@ -32,6 +32,9 @@ FIXES = {
     "count_mismatch": "the file differs from what metadata.json lists: convert the dataset again, or restore the file",
     "empty_file": "the file holds no record: remove it from the glob, or write it again",
 }
+
+
+TAIL_KINDS = ("truncated", "bad_length_crc", "unreadable")  # nothing after these can be read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,19 +117,20 @@ class FileChecker:
         self.num_classes = num_classes
 
     def record_fault(self, path: str, record: Record) -> Optional[Fault]:
-        found = misfit(record.data, self.features)
+        example = parse_example(record.data)
+        found = misfit(example if example is not None else record.data, self.features)
         if found is not None:
             what = found.what if found.key is None or found.kind == "missing_feature" else f"feature {found.key!r} {found.what}"
             return Fault(path, record.index, record.offset, found.kind, what, found.fix)
-        parsed = tf.io.parse_single_example(record.data, self.spec)
         if self.label_key and self.num_classes:
-            value = parsed[self.label_key]
-            if not isinstance(value, tf.SparseTensor) and value.dtype == tf.int64 and value.shape.rank == 0:
-                label = int(value.numpy())
-                if not 0 <= label < self.num_classes:
-                    return Fault(path, record.index, record.offset, "label_out_of_range",
-                                 f"label {self.label_key!r} is {label}, outside 0..{self.num_classes - 1}",
-                                 FIXES["label_out_of_range"])
+            values = example.features.feature[self.label_key].int64_list.value if self.label_key in example.features.feature else []
+            if len(values) == 1 and not 0 <= values[0] < self.num_classes:
+                return Fault(path, record.index, record.offset, "label_out_of_range",
+                             f"label {self.label_key!r} is {values[0]}, outside 0..{self.num_classes - 1}",
+                             FIXES["label_out_of_range"])
+        if not self.ops:
+            return None  # the checks above are all: no TensorFlow call per record
+        parsed = tf.io.parse_single_example(record.data, self.spec)
         features: Any = {k: (tf.sparse.to_dense(v) if isinstance(v, tf.SparseTensor) else v) for k, v in parsed.items()}
         for name, fn in self.ops:
             try:
@@ -159,7 +163,7 @@ class FileChecker:
             tick(1)
             if first_only and faults:
                 return framed, faults
-        lost_tail = any(f.kind in ("truncated", "bad_length_crc", "unreadable") for f in faults)
+        lost_tail = any(f.kind in TAIL_KINDS for f in faults)
         if expected is not None and framed != expected and not lost_tail:
             faults.append(Fault(path, None, None, "count_mismatch",
                                 f"holds {framed} record(s), metadata.json lists {expected}", FIXES["count_mismatch"]))
