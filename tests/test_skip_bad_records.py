@@ -180,3 +180,13 @@ def test_training_reports_what_it_skipped_in_metrics_json(tmp_path):
     saved = json.load(open(tmp_path / "run" / "metrics.json"))
     assert saved["skipped"]["data"]["skipped"] == 7 and saved["skipped"]["data"]["records"] == 600
     assert collections.Counter(saved["skipped"]["data"]["faults_by_kind"]).total() == 7
+
+
+def test_a_resume_continues_exactly_over_the_good_records(tmp_path):
+    files, good = write_small_faulty(tmp_path / "data")
+    pipeline = pipeline_of(small_data(files, repeat=2, shuffle={"buffer_size": 128}), num_classes=10)
+    full = ids_of_epoch(pipeline)
+    resumed = []
+    for batch in pipeline.build(start=7 * 32):
+        resumed.extend(int(i) for i in batch["id"].numpy())
+    assert resumed == full[7 * 32:]

@@ -184,8 +184,9 @@ def _log(report: SkipReport) -> None:
     if faults:
         kinds = ", ".join(f"{kind} {count}" for kind, count in report.by_kind().items())
         more = f" ({len(faults) - LOGGED_FAULTS} more not logged)" if len(faults) > LOGGED_FAULTS else ""
-        logging.warning("%s.on_error=skip: %d of %d records left out in %d file(s): %s%s; tpu-pipeline verify lists "
-                        "them all", report.section, report.skipped, report.total, len(report.by_file()), kinds, more)
+        logging.warning("%s.on_error=skip: %s of %s records left out in %d file(s): %s%s; tpu-pipeline verify lists "
+                        "them all", report.section, f"{report.skipped:,}", f"{report.total:,}", len(report.by_file()),
+                        kinds, more)
 
 
 def _check_limit(config: DataConfig, report: SkipReport) -> None:

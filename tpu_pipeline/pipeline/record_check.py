@@ -94,10 +94,17 @@ def label_key(config: DataConfig, features: dict[str, Any]) -> Optional[str]:
     return "label" if "label" in features else None
 
 
+_DATA_MARKS = ("record at", "Could not parse", "image file format", "Feature:", "expected to contain", "Invalid JPEG",
+               "jpeg", "Name:", "Key:")
+
+
 def tf_message(error: BaseException, limit: int = 200) -> str:
     """TF's message without its graph-node prefix and op suffix: `Unknown image file format. ...`."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip() and "Graph execution error" not in line]
-    text = lines[0] if lines else type(error).__name__
+    noise = ("Graph execution error", "Detected at node", "most recent call last", "File \"", "[[{{node")
+    lines = [line.strip() for line in str(error).splitlines()
+             if line.strip() and not any(mark in line for mark in noise) and not line.strip().startswith("<")]
+    telling = [line for line in lines if any(mark in line for mark in _DATA_MARKS)]
+    text = (telling or lines or [type(error).__name__])[0]
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
     text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or type(error).__name__
     text = "".join(ch if ch.isprintable() else "?" for ch in text)  # parse errors quote the raw bytes

@@ -222,6 +222,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     skipped = {p.skipped.section: p.skipped.as_dict() for p in (train_pipeline, eval_pipeline) if p and p.skipped}
     if skipped:
         metrics["skipped"] = skipped  # data.on_error=skip: records left out, by kind and file
+        printer("data.on_error=skip left out " + ", ".join(
+            f"{part['skipped']:,} of {part['records']:,} records in {section}" for section, part in skipped.items()
+        ) + f" (by kind and file: 'skipped' in {metrics_path(run_dir)})")
     if eval_dataset is not None:
         try:
             evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
