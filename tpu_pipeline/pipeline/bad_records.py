@@ -30,7 +30,7 @@ from absl import logging
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import DataError
-from tpu_pipeline.pipeline.record_check import TAIL_KINDS, Fault, FileChecker
+from tpu_pipeline.pipeline.record_check import TAIL_KINDS, Fault, FileChecker, count_by_kind
 from tpu_pipeline.pipeline.record_scan import Record, scan_records
 from tpu_pipeline.system import available_cores, default_cache_dir
 
@@ -67,10 +67,7 @@ class SkipReport:
         return [fault for f in self.files for fault in f.faults]
 
     def by_kind(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for fault in self.faults:
-            counts[fault.kind] = counts.get(fault.kind, 0) + 1
-        return dict(sorted(counts.items()))
+        return count_by_kind(self.faults)
 
     def by_file(self) -> dict[str, int]:
         return {f.path: f.skipped for f in self.files if f.skipped}

@@ -9,10 +9,11 @@ its record count against metadata.json. Random ops are left out: they are not th
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -54,6 +55,11 @@ class Fault:
         return f"{where}: {self.what}; {self.fix}"
 
 
+def count_by_kind(faults: Sequence[Fault]) -> dict[str, int]:
+    """Faults per kind, kinds in name order (for tables and metrics.json)."""
+    return dict(sorted(collections.Counter(fault.kind for fault in faults).items()))
+
+
 @dataclasses.dataclass
 class Report:
     section: str
@@ -62,10 +68,7 @@ class Report:
     faults: list[Fault] = dataclasses.field(default_factory=list)
 
     def by_kind(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for fault in self.faults:
-            counts[fault.kind] = counts.get(fault.kind, 0) + 1
-        return dict(sorted(counts.items()))
+        return count_by_kind(self.faults)
 
     def as_dict(self) -> dict[str, Any]:
         return {"section": self.section, "files": self.files, "records": self.records, "faults_by_kind": self.by_kind(),
