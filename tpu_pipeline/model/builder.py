@@ -60,11 +60,17 @@ def resolve_steps_per_execution(config: ModelConfig, kind: str, num_replicas: in
 
 
 def _loss_and_metrics(keras: ModuleType, config: ModelConfig) -> tuple[Any, list[Any]]:
+    """The loss, and metrics weighed by sample weights (`weighted_metrics`): an exact evaluation pads
+    its last batch with zero-weight examples, which plain metrics and Keras's loss tracker would
+    count. `cross_entropy` is the loss over the weighted examples only (no regularization terms)."""
     if config.loss == "categorical_crossentropy":
         loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
-        return loss, [keras.metrics.CategoricalAccuracy(name="accuracy")]
+        return loss, [keras.metrics.CategoricalAccuracy(name="accuracy"),
+                      keras.metrics.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing,
+                                                            name="cross_entropy")]
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return loss, [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    return loss, [keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                  keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy")]
 
 
 def build_model(
@@ -107,7 +113,7 @@ def build_model(
         optimizer = build_optimizer(keras, config.optimizer, schedule)
         loss, metrics = _loss_and_metrics(keras, config)
         model.compile(
-            optimizer=optimizer, loss=loss, metrics=metrics, steps_per_execution=steps_per_execution
+            optimizer=optimizer, loss=loss, weighted_metrics=metrics, steps_per_execution=steps_per_execution
         )
     if kind == "multi-worker" and not is_keras3(keras):
         # tf_keras's "auto" reduction sums each logged metric over the workers, though every worker

@@ -42,7 +42,8 @@ from tpu_pipeline.pipeline.spec_check import check_features, first_record
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions, per_replica_batch_size,
+    Batch, Cache, MapFeatures, PadToSteps, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
+    per_replica_batch_size,
 )
 from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
@@ -164,6 +165,42 @@ class Pipeline:
     def distributed_iterator(self, strategy: tf.distribute.Strategy) -> "DistributedPipelineIterator":
         """An iterator over global steps of `strategy`'s distributed dataset, saved and restored by position."""
         return DistributedPipelineIterator(self, strategy)
+
+    def for_evaluation(self) -> "Pipeline":
+        """This pipeline for exact evaluation: every record of one pass, split between input pipelines
+        without leaving any out; the last batch padded and later steps filled with zero-weight
+        examples (`PadToSteps`), so shapes stay static and each example counts exactly once."""
+        batches = [stage for stage in self.stages if isinstance(stage, Batch)]
+        repeats = [stage for stage in self.stages if isinstance(stage, Repeat)]
+        outputs = [stage for stage in self.stages if isinstance(stage, ToOutputs)]
+        if not batches or not outputs or outputs[0].targets is None:
+            raise ConfigError("eval_data: evaluation needs a batch and outputs with targets (eval_data.outputs)")
+        if any(stage.count != 1 for stage in repeats):
+            raise ConfigError("eval_data.repeat: evaluation reads one pass; set eval_data.repeat: 1")
+        source = self.source
+        if isinstance(source, RecordFileSource):
+            sharding = "balanced" if source.read.sharding in ("auto", "balanced") else source.read.sharding
+            if sharding != "balanced":
+                raise ConfigError(f"eval_data.source.sharding={sharding}: exact evaluation splits records evenly; "
+                                  "use sharding: auto")
+            source = source.with_read(dataclasses.replace(source.read, cover_all=True, sharding=sharding))
+        pad = PadToSteps(batches[0].global_batch_size, source.epoch_length)
+        stages: list[Any] = []
+        for stage in self.stages:
+            if isinstance(stage, Batch):
+                stage = dataclasses.replace(stage, drop_remainder=False)
+            stages.append(stage)
+            if isinstance(stage, ToOutputs):
+                stages.append(pad)
+        return dataclasses.replace(self, source=source, stages=stages)
+
+    def evaluation_steps(self, num_replicas: int, num_input_pipelines: int = 1) -> int:
+        """Steps of one exact evaluation pass of `for_evaluation()`'s pipeline (the same on every
+        input pipeline: one per host under a strategy)."""
+        pad = next((stage for stage in self.stages if isinstance(stage, PadToSteps)), None)
+        if pad is None:
+            raise ConfigError("evaluation_steps: call it on pipeline.for_evaluation()")
+        return pad.steps(tf.distribute.InputContext(num_input_pipelines, 0, num_replicas))
 
     def dataset_fn(self) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
         """For `strategy.distribute_datasets_from_function`."""

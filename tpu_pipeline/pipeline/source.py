@@ -32,6 +32,7 @@ class ReadOptions:
     record_block: int = 0  # records per interleave element (0: single records)
     keep_blocks: bool = False  # with record_block: yield the blocks (for WindowShuffle or Batch(records=True))
     cache_records: bool = False  # hold what the interleave yields in memory after the first epoch
+    cover_all: bool = False  # balanced shares of every record, uneven by one (evaluation): none left out
 
     def buffer_bytes(self, path: str) -> int:
         """The read buffer for `path`: buffer_size, or by default large for remote files, TF's size for local."""

@@ -104,6 +104,16 @@ def choose_sharding(requested: str, num_files: int, num_pipelines: int, balanced
     return requested
 
 
+def balanced_range(total: int, context: tf.distribute.InputContext, cover_all: bool = False) -> tuple[int, int]:
+    """Records [low, high) of an epoch's order that input pipeline i reads: L = total // n each (the
+    rest left out), or with `cover_all` every record, shares uneven by at most one (evaluation)."""
+    pipelines, index = context.num_input_pipelines, context.input_pipeline_id
+    if cover_all:
+        return index * total // pipelines, (index + 1) * total // pipelines
+    length = total // pipelines
+    return index * length, (index + 1) * length
+
+
 _COUNTS: dict[tuple[str, str, int, int], int] = {}
 _COUNTS_LOCK = threading.Lock()
 
@@ -193,7 +203,8 @@ class TFRecordSource(RecordFileSource):
         if mode == "none":
             return self.count_examples()
         if mode == "balanced":
-            return self.count_examples() // context.num_input_pipelines
+            low, high = balanced_range(self.count_examples(), context, self.read.cover_all)
+            return high - low
         return None  # file shards differ per epoch; element shards of blocks are uneven
 
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
@@ -242,9 +253,9 @@ class TFRecordSource(RecordFileSource):
         counts = self.record_counts()
         pipelines, index = context.num_input_pipelines, context.input_pipeline_id
         length = sum(counts) // pipelines
-        if length == 0:
+        if length == 0 and not read.cover_all:
             raise DataError(f"data.source: {sum(counts)} record(s) cannot be split between {pipelines} input pipelines")
-        left_out = sum(counts) - length * pipelines
+        left_out = 0 if read.cover_all else sum(counts) - length * pipelines
         if left_out and index == 0:
             logging.warning(
                 "%d of %d records are left out of each epoch so that each of the %d input pipelines reads %d (the "
@@ -255,7 +266,7 @@ class TFRecordSource(RecordFileSource):
             names, sizes = tf.gather(names, order), tf.gather(sizes, order)
         ends = tf.cumsum(sizes)
         starts = ends - sizes
-        low, high = index * length, (index + 1) * length
+        low, high = balanced_range(sum(counts), context, read.cover_all)
         skip = tf.clip_by_value(low - starts, 0, sizes)
         stop = tf.clip_by_value(high - starts, 0, sizes)
         touched = stop > skip

@@ -318,3 +318,51 @@ class WithOptions:
 
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         return dataset.with_options(self.options)
+
+
+@dataclasses.dataclass(frozen=True)
+class PadToSteps:
+    """Evaluation with static shapes where every example counts once: each (inputs, targets) batch
+    gains a weight per example (1, or 0 for padding); the last partial batch is padded to full size
+    with zeros, and whole zero batches follow until every input pipeline gives the same number of
+    steps (a strategy takes one element per replica per step, from every pipeline alike).
+
+    `share(context)`: the examples input pipeline `context` delivers in one pass. Keras weighs its
+    `weighted_metrics` by the weights, so padding changes no metric.
+    """
+
+    global_batch_size: int
+    share: Callable[[tf.distribute.InputContext], Optional[int]]
+
+    def steps(self, context: tf.distribute.InputContext) -> int:
+        """Global steps of one pass, the same on every input pipeline."""
+        size = per_replica_batch_size(self.global_batch_size, context)
+        per_pipeline = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
+        batches = []
+        for index in range(context.num_input_pipelines):
+            other = tf.distribute.InputContext(context.num_input_pipelines, index, context.num_replicas_in_sync)
+            examples = self.share(other)
+            if examples is None:
+                raise ConfigError("eval_data: exact evaluation needs a source that knows its size per input pipeline "
+                                  "(TFRecord files, a converted dataset, or arrays on one input pipeline)")
+            batches.append(-(-examples // size))
+        return max(1, -(-max(batches) // per_pipeline))
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        size = per_replica_batch_size(self.global_batch_size, context)
+        per_pipeline = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
+        mine = -(-self.share(context) // size)
+        extra = self.steps(context) * per_pipeline - mine
+
+        def pad(inputs: Any, targets: Any) -> tuple[Any, Any, tf.Tensor]:
+            count = tf.shape(tf.nest.flatten(targets)[0])[0]
+            fill = lambda t: tf.ensure_shape(  # noqa: E731
+                tf.pad(t, [[0, size - count]] + [[0, 0]] * (t.shape.rank - 1)), [size] + t.shape.as_list()[1:])
+            weights = tf.ensure_shape(tf.concat([tf.ones([count]), tf.zeros([size - count])], 0), [size])
+            return tf.nest.map_structure(fill, inputs), tf.nest.map_structure(fill, targets), weights
+
+        padded = dataset.map(pad, name="pad_to_steps")
+        if extra <= 0:
+            return padded
+        zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), padded.element_spec)
+        return padded.concatenate(tf.data.Dataset.from_tensors(zeros).repeat(extra))

@@ -57,7 +57,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
             self.timed_wait += wait
         logs = logs or {}
         total = f"/{self.total_steps}" if self.total_steps else ""
-        metrics = " ".join(f"{k} {v:.4f}" for k, v in logs.items() if isinstance(v, (int, float)))
+        metrics = " ".join(f"{k} {v:.4f}" for k, v in logs.items() if isinstance(v, (int, float)) and k != "cross_entropy")
         self.printer(
             f"step {step}{total} {metrics} | {steps * self.global_batch_size / seconds:,.0f} examples/s"
             f" | waiting for input {100 * wait / seconds:.0f}% of step time"
@@ -147,6 +147,11 @@ class TrainState:
 
     def finish_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
         history = self.history()
+        logs = dict(logs)
+        logs.pop("cross_entropy", None)  # in training, the loss without regularization: `loss` says it
+        if "val_cross_entropy" in logs:
+            # Keras's val_loss counts the zero-weight padding of an exact evaluation; this does not.
+            logs["val_loss"] = logs.pop("val_cross_entropy")
         for name, value in logs.items():
             if isinstance(value, (int, float)) or hasattr(value, "numpy"):
                 history.setdefault(name, []).append(float(value))

@@ -131,9 +131,10 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     if config.eval_data is not None:
         eval_pipeline = Pipeline.from_config(config.eval_data, target=target, prefix="eval_data",
                                              num_classes=config.train.num_classes)
+        # Exact: every example of one pass once, the last batch padded with zero-weight examples.
+        eval_pipeline = eval_pipeline.for_evaluation()
         eval_dataset = eval_pipeline.distribute(cluster.strategy)
-        # Keras needs a step count for a distributed eval set: one full pass unless train.eval_steps says less.
-        validation_steps = config.train.eval_steps or full_batches(eval_pipeline, config.eval_data.batch_size, "eval_data", "train.eval_steps")
+        validation_steps = config.train.eval_steps or eval_pipeline.evaluation_steps(cluster.num_replicas, cluster.num_hosts)
 
     model = build_model(
         config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=input_shape,
@@ -230,8 +231,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
         except _DATA_ERRORS as error:
             raise _explained(config, error) from None
-        metrics["eval_loss"] = float(evaluation["loss"])
+        metrics["eval_loss"] = float(evaluation["cross_entropy"])  # Keras's "loss" would count the padding
         metrics["eval_accuracy"] = float(evaluation["accuracy"])
+        metrics["eval_examples"] = None if config.train.eval_steps else eval_pipeline.source.count_examples()
     files.write_metrics(metrics)
     printer("final: " + ", ".join(
         f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items() if k not in ("cluster", "history", "skipped")
