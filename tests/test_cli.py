@@ -41,3 +41,20 @@ def test_usage_and_unknown_command(demo_cache):
     assert "commands:" in cli("--help", cache_dir=demo_cache).stdout
     result = cli("frobnicate", cache_dir=demo_cache)
     assert result.returncode == 2 and "unknown command 'frobnicate'" in result.stderr
+
+
+def test_commands_are_quiet_unless_asked(demo_cache):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["TPU_PIPELINE_CACHE"] = demo_cache
+    native = re.compile(r"^[IWEF]\d{4} |WARNING: All log messages before absl|cpu_feature_guard|Sharding callback", re.M)
+
+    def run(*args: str, extra: dict = {}) -> subprocess.CompletedProcess:  # noqa: B006
+        return subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *args], cwd=REPO, env={**env, **extra},
+                              capture_output=True, text=True, timeout=300)
+
+    quiet = run("train", "--help")
+    assert "--helpfull" in quiet.stdout and not native.search(quiet.stdout + quiet.stderr), quiet.stderr[:2000]
+    demo = run("demo", "--steps", "2", "--warmup", "0")
+    assert demo.returncode == 0 and not native.search(demo.stdout + demo.stderr), demo.stderr[:2000]
+    loud = run("train", "--help", extra={"TF_CPP_MIN_LOG_LEVEL": "0"})  # the user's own setting is obeyed
+    assert native.search(loud.stdout + loud.stderr)

@@ -7,12 +7,29 @@ The public API, kept small (see README):
   check_tpu_compatible                   static shapes and TPU dtypes, checked before training
   TpuPipelineError and subclasses        every error a user can cause
 """
-from tpu_pipeline.config import Config, DataConfig, load_config
+from typing import Any
+
 from tpu_pipeline.errors import (
     ClusterError, ConfigError, DataError, TpuCompatibilityError, TpuPipelineError,
 )
-from tpu_pipeline.ops import register_op
-from tpu_pipeline.pipeline import Pipeline, build_dataset, check_tpu_compatible
+
+# Imported on first use (PEP 562): `import tpu_pipeline.cli` (the `tpu-pipeline` command, even
+# `--help`) must not start TensorFlow before the command has silenced its start-up lines.
+_LAZY = {
+    "Config": "tpu_pipeline.config", "DataConfig": "tpu_pipeline.config", "load_config": "tpu_pipeline.config",
+    "register_op": "tpu_pipeline.ops",
+    "Pipeline": "tpu_pipeline.pipeline", "build_dataset": "tpu_pipeline.pipeline",
+    "check_tpu_compatible": "tpu_pipeline.pipeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tpu_pipeline' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

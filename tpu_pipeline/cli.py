@@ -10,12 +10,17 @@ import os
 import sys
 from typing import Sequence
 
+_USER_SET_TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL" in os.environ
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+import logging  # noqa: E402
+
 from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
 
 from tpu_pipeline.errors import TpuPipelineError  # noqa: E402
+from tpu_pipeline.system import native_stderr_silenced  # noqa: E402
 
 flags.DEFINE_string("config", None, "YAML config file (local or gs://). Without it, the built-in demo config.")
 
@@ -38,6 +43,15 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+class _OthersInfoFilter(logging.Filter):
+    """Drops INFO lines that TensorFlow and Keras log through absl (e.g. "Sharding callback duration"
+    at every checkpoint); ours and every warning stay. `--verbosity` keeps them all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        path = record.pathname.replace(os.sep, "/")
+        return record.levelno >= logging.WARNING or not any(p in path for p in ("/tensorflow/", "/tf_keras/", "/keras/"))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
@@ -47,12 +61,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if name not in COMMANDS:
         print(f"tpu-pipeline: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         sys.exit(2)
-    command = importlib.import_module(COMMANDS[name][0]).run
-    import tensorflow as tf
+    verbose = _USER_SET_TF_LOG_LEVEL or any(arg.startswith(("--verbosity", "-v=")) or arg == "-v" for arg in argv)
+    with native_stderr_silenced(not verbose):  # TF's C++ start-up lines, unless asked for
+        command = importlib.import_module(COMMANDS[name][0]).run
+        import tensorflow as tf
 
+        tf.config.list_physical_devices()  # platform start-up (CUDA probing) happens here, silenced
     tf.get_logger().setLevel("WARNING")  # TF's own INFO lines (checkpoint sharding, ...) drown ours
 
     def run(args: Sequence[str]) -> None:
+        if not verbose:
+            absl_logging.get_absl_handler().addFilter(_OthersInfoFilter())
         try:
             sys.exit(command(list(args[1:])))
         except TpuPipelineError as error:

@@ -1,7 +1,10 @@
 """Facts about this machine and its paths, shared by every layer (it imports nothing of ours)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from typing import Iterator
 
 
 def local_path(path: str, absolute: bool = False) -> str:
@@ -30,3 +33,24 @@ def available_memory_bytes() -> int:
     import psutil  # noqa: PLC0415 (only the callers that size caches need it)
 
     return int(psutil.virtual_memory().available)
+
+
+@contextlib.contextmanager
+def native_stderr_silenced(enabled: bool = True) -> Iterator[None]:
+    """Sends file descriptor 2 to /dev/null inside the block: TensorFlow's C++ start-up lines (oneDNN,
+    CUDA stubs, `failed call to cuInit` on CPU machines) are written before its log level applies,
+    so TF_CPP_MIN_LOG_LEVEL cannot hide them. Python exceptions still reach the caller."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
