@@ -7,5 +7,12 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[test,notebook]"
+# Reinstall only when setup.cfg changed since the last install (the stamp holds its hash): every
+# `pip install -e` rebuilds the package and prints setuptools' editable-install notice.
+STAMP=".venv/.installed-$(sha256sum setup.cfg | cut -c1-16)"
+if [ ! -f "$STAMP" ] || ! .venv/bin/python -c "import tpu_pipeline" 2>/dev/null; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[test,notebook]"
+  rm -f .venv/.installed-*
+  touch "$STAMP"
+fi
