@@ -68,6 +68,12 @@ def test_eight_replica_training_with_steps_per_execution_4(small_demo, tmp_path)
     assert progress and all("examples/s | waiting for input" in line for line in progress)
     _check_throughput(metrics, progress, [when for when, line in stamped if line.startswith("step ")])
     assert [line.split()[1] for line in progress][:2] == ["4/24", "8/24"]  # one line per execution of 4 steps
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in epochs] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"], lines
+    assert all(" val_loss " in line and " val_accuracy " in line and "examples/s | waiting for input" in line
+               for line in epochs), epochs
+    assert lines[-1] == (f"wrote metrics {run_dir}/metrics.json; checkpoints {run_dir}/checkpoints; TensorBoard logs "
+                         f"{run_dir}/tensorboard (tensorboard --logdir {run_dir})")
     saved = [line for line in lines if line.startswith("saved checkpoint")]
     assert [line.split(" at step ")[1] for line in saved] == ["8 (epoch 1)", "16 (epoch 2)", "24 (epoch 3)"]
     on_disk = json.load(open(os.path.join(run_dir, "metrics.json")))

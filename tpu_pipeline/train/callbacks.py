@@ -21,8 +21,10 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     """
 
     def __init__(self, global_batch_size: int, every: int, meter: Optional[InputWaitMeter] = None,
-                 total_steps: Optional[int] = None, printer: Callable[[str], None] = print) -> None:
+                 total_steps: Optional[int] = None, printer: Callable[[str], None] = print,
+                 epochs_total: Optional[int] = None) -> None:
         super().__init__()
+        self.epochs_total = epochs_total
         self.global_batch_size = global_batch_size
         self.every = every
         self.meter = meter
@@ -44,6 +46,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         self._mark = (time.perf_counter(), self._step(), self._wait())
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        self._last_batch_end = time.perf_counter()  # an epoch's rate ends here, before its validation
         step = self._step()
         started, last_step, last_wait = self._mark
         if step - last_step < self.every:
@@ -63,6 +66,27 @@ class ProgressLogger(tf_keras.callbacks.Callback):
             f" | waiting for input {100 * wait / seconds:.0f}% of step time"
         )
         self._mark = (time.perf_counter(), step, self._wait())
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+        self._epoch_mark = (time.perf_counter(), self._step(), self._wait())
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        """One Keras-style line per epoch: train and validation metrics, examples/s, input wait."""
+        started, first_step, first_wait = getattr(self, "_epoch_mark", (time.perf_counter(), self._step(), self._wait()))
+        seconds = max(getattr(self, "_last_batch_end", time.perf_counter()) - started, 1e-9)
+        steps = self._step() - first_step
+        logs = logs or {}
+        shown = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "cross_entropy"}
+        if "val_cross_entropy" in shown:  # the exact validation loss (Keras's val_loss counts padding)
+            shown["val_loss"] = shown.pop("val_cross_entropy")
+        train = " ".join(f"{k} {v:.4f}" for k, v in shown.items() if not k.startswith("val_"))
+        validation = " ".join(f"{k} {v:.4f}" for k, v in shown.items() if k.startswith("val_"))
+        total = f"/{self.epochs_total}" if self.epochs_total else ""
+        line = f"epoch {epoch + 1}{total}: {train}"
+        line += f" | {validation}" if validation else ""
+        line += f" | {steps * self.global_batch_size / seconds:,.0f} examples/s"
+        line += f" | waiting for input {100 * (self._wait() - first_wait) / seconds:.0f}%"
+        self.printer(line)
 
     def examples_per_second(self) -> Optional[float]:
         if not self.timed_seconds:
@@ -113,6 +137,7 @@ class Checkpointer(tf_keras.callbacks.Callback):
         self._last_step, self._last_time = self._step(), time.monotonic()
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        self._last_batch_end = time.perf_counter()  # an epoch's rate ends here, before its validation
         step = self._step()
         epoch_end = step % self.steps_per_epoch == 0  # on_epoch_end saves it, with the epoch's history
         if self.preemption is not None and self.preemption.stop_now(step):

@@ -164,7 +164,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                 f"of {steps}); the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
                 "of the training stream")
 
-    progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer)
+    progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
     with PreemptionFlag(agreement) as preemption:
         checkpointer = Checkpointer(files, state, steps, config.train.checkpoint_every_steps,
@@ -238,6 +238,11 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     printer("final: " + ", ".join(
         f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items() if k not in ("cluster", "history", "skipped")
     ))
+    if cluster.is_chief:
+        where = [f"metrics {metrics_path(run_dir)}", f"checkpoints {files.checkpoint_dir}"]
+        if config.train.tensorboard:
+            where.append(f"TensorBoard logs {os.path.join(run_dir, 'tensorboard')} (tensorboard --logdir {run_dir})")
+        printer("wrote " + "; ".join(where))
     return metrics
 
 
