@@ -117,6 +117,18 @@ class ModelConfig(StrictModel):
         "keras3 refuses steps_per_execution>1 with several replicas (it fails in fit there)",
     )
     architecture: Literal["mlp", "cnn", "resnet"] = "resnet"
+    fn: Optional[str] = pydantic.Field(
+        None, description="your model: 'package.module:function', called inside strategy.scope() as "
+        "function(input_shape=[...], num_classes=N) and returning an uncompiled Keras model that outputs logits; "
+        "replaces architecture"
+    )
+    application: Optional[str] = pydantic.Field(
+        None, description="a keras.applications model by name (ResNet50, EfficientNetV2B0, MobileNetV3Small, ...) "
+        "with a logits head for the class count; replaces architecture"
+    )
+    weights: Optional[str] = pydantic.Field(
+        None, description="with application: null (random init) or 'imagenet' (downloaded; the top is replaced)"
+    )
     mlp: MlpConfig = MlpConfig()
     cnn: CnnConfig = CnnConfig()
     resnet: ResNetConfig = ResNetConfig()
@@ -134,6 +146,17 @@ class ModelConfig(StrictModel):
     precision: Precision = pydantic.Field(
         "auto", description="auto: mixed_bfloat16 on TPU, float32 elsewhere; mixed_float16 on GPU only"
     )
+
+    @pydantic.model_validator(mode="after")
+    def _check_model_source(self) -> "ModelConfig":
+        if self.fn is not None and self.application is not None:
+            raise ConfigError("model.fn and model.application are both set; keep the one that builds your model")
+        if self.weights is not None and self.application is None:
+            raise ConfigError("model.weights is set but model.application is not; weights apply to keras.applications models")
+        if (self.fn is not None or self.application is not None) and "architecture" in self.model_fields_set:
+            chosen = "fn" if self.fn is not None else "application"
+            raise ConfigError(f"model.architecture is set but model.{chosen} replaces it; remove model.architecture")
+        return self
 
     @pydantic.model_validator(mode="after")
     def _check_unused(self) -> "ModelConfig":

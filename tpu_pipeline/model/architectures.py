@@ -7,10 +7,11 @@ tf_keras or Keras 3. The last Dense layer has dtype float32, so under a mixed po
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from tpu_pipeline.config.model import BatchNormConfig, ModelConfig
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.model.user_models import ModelFn, build_application, call_model_fn, load_model_fn
 
 
 def _norm(keras: ModuleType, bn: BatchNormConfig, name: str, zero_init: bool = False) -> Any:
@@ -116,8 +117,9 @@ ARCHITECTURES: dict[str, Callable[[ModuleType, ModelConfig, Any, int], Any]] = {
 
 
 def build_network(keras: ModuleType, config: ModelConfig, input_shape: Sequence[int],
-                  num_classes: int) -> Any:
-    """Builds the uncompiled functional model named by `config.architecture`.
+                  num_classes: int, model_fn: Optional[ModelFn] = None) -> Any:
+    """Builds the uncompiled model: `model_fn` (from Python), `config.fn`, `config.application`, or the
+    built-in network named by `config.architecture`.
 
     Call it inside `strategy.scope()` and the dtype policy you want (build_model does both).
     """
@@ -125,6 +127,12 @@ def build_network(keras: ModuleType, config: ModelConfig, input_shape: Sequence[
         raise ConfigError(f"num_classes: a classifier needs at least 2 classes, got {num_classes}")
     if not input_shape or any(not isinstance(d, int) or d <= 0 for d in input_shape):
         raise ConfigError(f"input_shape: needs positive static sizes (no batch dimension), got {list(input_shape)}")
+    if model_fn is not None:
+        return call_model_fn(keras, model_fn, input_shape, num_classes, "model_fn")
+    if config.fn is not None:
+        return call_model_fn(keras, load_model_fn(config.fn), input_shape, num_classes, f"model.fn={config.fn!r}")
+    if config.application is not None:
+        return build_application(keras, config.application, config.weights, input_shape, num_classes)
     if config.architecture != "mlp":
         _require_image(config, input_shape)
     inputs = keras.Input(shape=tuple(int(d) for d in input_shape), name="inputs")

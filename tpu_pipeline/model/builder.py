@@ -14,6 +14,7 @@ import tensorflow as tf
 from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model.architectures import build_network
+from tpu_pipeline.model.user_models import ModelFn
 from tpu_pipeline.model.keras_backend import get_keras, global_policy, is_keras3
 from tpu_pipeline.model.optimizers import build_optimizer
 from tpu_pipeline.model.precision import check_kind, resolve_precision
@@ -82,6 +83,7 @@ def build_model(
     num_classes: int,
     steps_per_epoch: Optional[int],
     epochs: int,
+    model_fn: Optional[ModelFn] = None,
 ) -> Any:
     """Builds and compiles the configured model inside `strategy.scope()`.
 
@@ -94,6 +96,8 @@ def build_model(
       steps_per_epoch: training steps per epoch (sizes the schedule); None only with a constant
         schedule without warm-up.
       epochs: training epochs (the schedule ends at the last one).
+      model_fn: your model, fn(input_shape=..., num_classes=...) -> an uncompiled Keras model that
+        outputs logits; called inside the scope (overrides config.fn/application/architecture).
 
     Returns:
       A compiled `tf_keras.Model` (a `keras.Model` when config.keras is 'keras3').
@@ -108,7 +112,7 @@ def build_model(
         logger.info("model.batch_norm.synchronized with 1 replica is the same as plain batch norm")
 
     with global_policy(keras, precision), strategy.scope():
-        model = build_network(keras, config, input_shape, num_classes)
+        model = build_network(keras, config, input_shape, num_classes, model_fn)
         schedule = build_schedule(keras, config.schedule, steps_per_epoch, epochs)
         optimizer = build_optimizer(keras, config.optimizer, schedule)
         loss, metrics = _loss_and_metrics(keras, config)
@@ -121,7 +125,7 @@ def build_model(
         model.distribute_reduction_method = "first"
     logger.info(
         "model %s: %d parameters, %s, precision %s, steps_per_execution %d, %d replica(s) (%s)",
-        config.architecture, model.count_params(), keras.__name__, precision, steps_per_execution,
+        model.name, model.count_params(), keras.__name__, precision, steps_per_execution,
         num_replicas, kind,
     )
     return model

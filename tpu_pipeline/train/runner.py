@@ -93,8 +93,12 @@ class Preempted(SystemExit):
         super().__init__(143)
 
 
-def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Printer = _print) -> dict[str, Any]:
-    """Runs (or resumes) training and evaluation; returns what it writes to run_dir/metrics.json."""
+def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Printer = _print,
+          model_fn: Optional[Callable[..., Any]] = None) -> dict[str, Any]:
+    """Runs (or resumes) training and evaluation; returns what it writes to run_dir/metrics.json.
+
+    `model_fn(input_shape=[...], num_classes=N)`: your uncompiled Keras model (logits), built inside
+    the strategy's scope and compiled here; it replaces config.model's network."""
     if config.data is None:
         raise ConfigError("the config has no 'data' section: training needs one (and usually eval_data)")
     cluster = cluster or resolve(config.cluster)
@@ -138,7 +142,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
 
     model = build_model(
         config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=input_shape,
-        num_classes=num_classes(config, train_pipeline), steps_per_epoch=steps, epochs=epochs,
+        num_classes=num_classes(config, train_pipeline), steps_per_epoch=steps, epochs=epochs, model_fn=model_fn,
     )
     state = TrainState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json)
