@@ -22,7 +22,10 @@ from absl import logging as absl_logging  # noqa: E402
 from tpu_pipeline.errors import TpuPipelineError  # noqa: E402
 from tpu_pipeline.system import native_stderr_silenced  # noqa: E402
 
-flags.DEFINE_string("config", None, "YAML config file (local or gs://). Without it, the built-in demo config.")
+flags.DEFINE_multi_string("config", None, "YAML config file (local or gs://); repeat it to layer files (later wins). "
+                          "Without it, the built-in demo config.")
+flags.DEFINE_string("params_override", None, "a YAML mapping, or a .yaml file, layered over the config files "
+                    "(tensorflow/models' flag); key=value arguments apply after it")
 
 # name → (module, help). A command module is imported only when it runs, so each command
 # defines only its own absl flags and a broken optional dependency breaks only its command.
@@ -33,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("tpu_pipeline.commands.bench", "measure one input pipeline: examples/s, CPU per example, ceilings"),
     "doctor": ("tpu_pipeline.commands.doctor", "measure each stage, name the bottleneck, propose a tuned config"),
     "verify": ("tpu_pipeline.commands.verify", "read every record once and list damaged or misfitting ones (exit 1 if any)"),
+    "config": ("tpu_pipeline.commands.config", "print the fully resolved config (files layered, overrides, defaults)"),
+    "devices": ("tpu_pipeline.commands.devices", "print what the resolver finds: kind, replicas, hosts, devices, memory"),
 }
 
 
@@ -52,6 +57,34 @@ class _OthersInfoFilter(logging.Filter):
         return record.levelno >= logging.WARNING or not any(p in path for p in ("/tensorflow/", "/tf_keras/", "/keras/"))
 
 
+def _unknown_flag(args: Sequence[str]) -> str | None:
+    """One line for the first flag absl does not know (absl's own error is a page of help), with the
+    config key it most likely meant: `--epochs 3` → `train.epochs=3`."""
+    from tpu_pipeline.config.loader import suggest_config_key
+
+    known = flags.FLAGS
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if arg == "--":
+            return None
+        if not arg.startswith("-") or arg == "-":
+            continue
+        name, has_value, value = arg.lstrip("-").partition("=")
+        if name in known or (name.startswith("no") and name[2:] in known and known[name[2:]].boolean):
+            if name in known and not known[name].boolean and not has_value:
+                index += 1  # its value
+            continue
+        if not has_value and index < len(args) and not args[index].startswith("-") and "=" not in args[index]:
+            value = args[index]
+        suggestion = suggest_config_key(name, value if (has_value or value) else None)
+        if suggestion:
+            return f"unknown flag {arg.split('=')[0]}; config keys are key=value arguments: {suggestion}"
+        return f"unknown flag {arg.split('=')[0]}; `tpu-pipeline COMMAND --helpfull` lists the flags"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
@@ -68,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         tf.config.list_physical_devices()  # platform start-up (CUDA probing) happens here, silenced
     tf.get_logger().setLevel("WARNING")  # TF's own INFO lines (checkpoint sharding, ...) drown ours
+    unknown = _unknown_flag(argv[1:])
+    if unknown is not None:
+        print(f"tpu-pipeline {name}: error: {unknown}", file=sys.stderr)
+        sys.exit(2)
 
     def run(args: Sequence[str]) -> None:
         if not verbose:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 from absl import flags
 
 from tpu_pipeline.config import Config, config_from_dict
-from tpu_pipeline.config.loader import apply_overrides, import_modules, read_yaml
+from tpu_pipeline.config.loader import apply_overrides, import_modules, merge, params_override, read_layered, read_yaml
 from tpu_pipeline.demo import DEMO_CONFIG, demo_overrides
 from tpu_pipeline.ops import check_ops
 
@@ -14,14 +14,18 @@ FLAGS = flags.FLAGS
 
 
 def load_raw(overrides: Sequence[str]) -> tuple[dict[str, Any], Config]:
-    """(the plain mapping, the validated Config): --config FILE + overrides, or the demo config on the demo data.
+    """(the plain mapping, the validated Config): --config FILE(s), layered, then --params_override, then
+    key=value overrides; without --config, the demo config on the demo data.
 
     The ops of `data` and `eval_data` are checked too (names and arguments), before any work starts.
     """
     if FLAGS.config:
-        raw = apply_overrides(read_yaml(FLAGS.config), overrides)
+        raw = read_layered(FLAGS.config)
     else:
-        raw = apply_overrides(read_yaml(DEMO_CONFIG), demo_overrides() + list(overrides))
+        raw = apply_overrides(read_yaml(DEMO_CONFIG), demo_overrides())
+    if FLAGS.params_override:
+        raw = merge(raw, params_override(FLAGS.params_override))
+    raw = apply_overrides(raw, overrides)
     import_modules(raw.get("imports") or [])
     config = config_from_dict(raw)
     check_ops(config.data, "data")

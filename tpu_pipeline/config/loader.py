@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import copy
 import importlib
-from typing import Any, Iterable, Mapping
+import os
+from typing import Any, Iterable, Mapping, Sequence
 
 import tensorflow as tf
 import yaml
@@ -60,6 +61,75 @@ def read_yaml(path: str) -> dict[str, Any]:
         return {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path!r} must hold a mapping of sections (data:, model:, ...)")
+    return loaded
+
+
+# Keys whose values are input paths: relative ones resolve against the directory of the config
+# file that sets them (a config travels with its data). Outputs (train.run_dir) and command-line
+# overrides stay relative to the working directory.
+_INPUT_PATHS = (("source", "files"), ("source", "dir"), ("source", "path"), ("source", "data_dir"), ("cache", "path"))
+
+
+def _resolved(value: Any, base_dir: str) -> Any:
+    def one(path: str) -> str:
+        path = path.strip()
+        if not path or "://" in path or os.path.isabs(path) or path.startswith(("~", "$")):
+            return path
+        return os.path.normpath(os.path.join(base_dir, path))
+
+    if isinstance(value, list):
+        return [one(v) if isinstance(v, str) else v for v in value]
+    if isinstance(value, str):
+        return ",".join(one(part) for part in value.split(",")) if "," in value else one(value)
+    return value
+
+
+def resolve_input_paths(raw: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    """`raw` with the relative input paths of its data sections resolved against `base_dir`."""
+    for section in ("data", "eval_data"):
+        data = raw.get(section)
+        if not isinstance(data, dict):
+            continue
+        for parent, key in _INPUT_PATHS:
+            node = data.get(parent)
+            if isinstance(node, dict) and key in node:
+                node[key] = _resolved(node[key], base_dir)
+    return raw
+
+
+def merge(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """`layer` over `base`: mappings merge key by key (later wins), anything else is replaced."""
+    result = copy.deepcopy(dict(base))
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merge(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def read_layered(paths: Sequence[str]) -> dict[str, Any]:
+    """Several config files, each over the ones before (later wins), input paths resolved per file."""
+    raw: dict[str, Any] = {}
+    for path in paths:
+        layer = read_yaml(path)
+        if "://" not in path:
+            layer = resolve_input_paths(layer, os.path.dirname(os.path.abspath(os.path.expanduser(path))))
+        raw = merge(raw, layer)
+    return raw
+
+
+def params_override(text: str) -> dict[str, Any]:
+    """tensorflow/models' --params_override: a YAML mapping given inline, or the path of a YAML file."""
+    if text.strip().endswith((".yaml", ".yml")) and tf.io.gfile.exists(text.strip()):
+        return read_yaml(text.strip())
+    try:
+        loaded = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--params_override: not a YAML mapping or a .yaml file ({error})") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError("--params_override: give a YAML mapping, e.g. --params_override='train: {epochs: 3}', "
+                          "or the path of a .yaml file")
     return loaded
 
 
@@ -122,11 +192,13 @@ def import_modules(modules: Iterable[str]) -> None:
             ) from None
 
 
-def load_config(path: str | None = None, overrides: Iterable[str] = (), base: Mapping[str, Any] | None = None) -> Config:
-    """YAML file (or `base` mapping) + overrides → a validated Config. Either source may be omitted."""
+def load_config(path: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
+                base: Mapping[str, Any] | None = None) -> Config:
+    """YAML file(s) (each over the ones before; or a `base` mapping) + overrides → a validated
+    Config. Either source may be omitted. Relative input paths resolve against each file's directory."""
     raw: dict[str, Any] = dict(base or {})
     if path:
-        raw.update(read_yaml(path))
+        raw = merge(raw, read_layered([path] if isinstance(path, str) else list(path)))
     raw = apply_overrides(raw, overrides)
     imports = raw.get("imports") or []
     if isinstance(imports, list):
@@ -147,3 +219,30 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
         is_model = isinstance(model, type) and issubclass(model, pydantic.BaseModel)
         sections[name] = validate(model, value, prefix=name) if is_model and value is not None else value
     return validate(Config, sections)
+
+
+def config_keys(model: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the config schema (the union members of a section included), for
+    suggestions such as `--epochs 3` → `train.epochs=3`."""
+    model = Config if model is None else model
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        inner = _models_in(field.annotation)
+        members = inner if isinstance(inner, list) else [inner] if inner is not None else []
+        if not members:
+            keys.append(key)
+        for member in members:
+            keys.extend(k for k in config_keys(member, key + ".") if k not in keys)
+    return keys
+
+
+def suggest_config_key(flag: str, value: str | None = None) -> str | None:
+    """For an unknown `--flag`: the config key(s) ending with that name, as `key=value` to type."""
+    name = flag.lstrip("-").split("=", 1)[0].replace("-", "_")
+    matches = [key for key in config_keys() if key.split(".")[-1] == name]
+    if not matches:
+        return None
+    shown = value if value is not None else "VALUE"
+    return " or ".join(f"{key}={shown}" for key in matches[:3])
+

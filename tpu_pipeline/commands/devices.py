@@ -1,0 +1,32 @@
+"""`tpu-pipeline devices [--config FILE] [cluster.key=value ...]`.
+
+What the resolver finds, as `train` would: the kind, replicas, hosts, each device, its memory
+where TensorFlow can tell (GPUs), and how it was found (TPU_NAME, TF_CONFIG, visible GPUs, ...).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tpu_pipeline.commands._common import load
+
+
+def run(overrides: Sequence[str]) -> int:
+    from tpu_pipeline.cluster import resolve
+
+    cluster = resolve(load(overrides).cluster)
+    print(f"kind: {cluster.kind}")
+    print(f"replicas: {cluster.num_replicas} on {cluster.num_hosts} host(s)"
+          + (f"; this is worker {cluster.worker_id}" + (" (the chief)" if cluster.is_chief else "")
+             if cluster.num_workers > 1 else ""))
+    print(f"strategy: {type(cluster.strategy).__name__.lstrip('_')}" + (f", tpu={cluster.tpu!r}" if cluster.tpu else ""))
+    print(f"found from: {cluster.source or 'the default (no TPU, TF_CONFIG or GPU found)'}")
+    print("devices:")
+    for device in cluster.devices:
+        memory = (cluster.memory or {}).get(device)
+        where = f"  {device}"
+        if memory:
+            where += f"  memory in use {memory.get('current', 0) / 2**30:.2f} GiB, peak {memory.get('peak', 0) / 2**30:.2f} GiB"
+        print(where)
+    if not cluster.memory:
+        print("device memory: TensorFlow reports it for GPUs only")
+    return 0
