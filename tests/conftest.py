@@ -15,6 +15,8 @@ import tensorflow as tf  # noqa: E402
 
 NUM_LOGICAL_CPUS = 8
 
+pytest_plugins = ["pytester"]  # tests/test_testing_plugin.py runs a user's test session
+
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
