@@ -49,3 +49,15 @@ def test_pipeline_tuning_runs_the_doctor_and_shows_the_chart(tmp_path, monkeypat
     assert "image/png" in mimes
     assert (tmp_path / "doctor_stages.png").exists()
     assert text.count("ceiling (a) compute-bound") == 2
+
+
+def test_each_notebook_installs_the_package_by_name_in_a_cell_the_suite_skips():
+    for name in ("quickstart.ipynb", "pipeline_tuning.ipynb"):
+        notebook = nbformat.read(os.path.join(REPO, "notebooks", name), as_version=4)
+        install = [cell for cell in notebook.cells if cell.cell_type == "code" and "PACKAGE_SPEC" in cell.source]
+        assert len(install) == 1, name
+        assert 'PACKAGE_SPEC = "tpu-pipeline"' in install[0].source and "git+https://" in install[0].source
+        assert install[0].metadata.get("tags") == ["skip-execution"]  # nbclient skips it; Colab runs it
+        assert "Colab TPU runtime" in notebook.cells[0].source
+        assert not any("/work/" in cell.source or "checkout" in cell.source for cell in notebook.cells), name
+
