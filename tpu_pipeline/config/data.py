@@ -235,6 +235,12 @@ class DataConfig(StrictModel):
         "auto", description="parallel calls of the preprocessing map; auto: the cores this process may use"
     )
     options: OptionsConfig = OptionsConfig()
+    image_size: Optional[list[pydantic.PositiveInt]] = pydantic.Field(
+        None, description="[height, width] of a converted image dataset (features 'image' and 'label'): fills "
+        "preprocess with decode_image, resize, value_range to [0, 1] and an int32 label, and outputs with "
+        "{inputs: image, targets: label}, as keras.utils.image_dataset_from_directory users expect"
+    )
+    channels: Literal[1, 3, 4] = pydantic.Field(3, description="with image_size: the decoded image's channels")
     on_error: Literal["raise", "skip"] = pydantic.Field(
         "raise", description="raise: the first bad record stops the run with one line naming file, record and "
         "fix; skip: every record is checked once before the first epoch (the result is cached per file "
@@ -244,6 +250,29 @@ class DataConfig(StrictModel):
         0.01, description="with on_error: skip, the most records that may be left out: a count (an int) or a "
         "fraction of all records (a float below 1); more is an error"
     )
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _image_size_shorthand(cls, data: Any, info: pydantic.ValidationInfo) -> Any:
+        """`image_size: [h, w]` → the preprocess ops and outputs it stands for (ordinary ops from then on)."""
+        if not isinstance(data, dict) or data.get("image_size") is None:
+            return data
+        prefix = (info.context or {}).get("prefix", "data")
+        size = data["image_size"]
+        if not (isinstance(size, list) and len(size) == 2):
+            raise ConfigError(f"{prefix}.image_size: give [height, width], e.g. [224, 224]; got {size!r}")
+        if data.get("preprocess"):
+            raise ConfigError(f"{prefix}.image_size fills {prefix}.preprocess itself (decode, resize, value range, "
+                              f"int32 label); remove one of them (or put extra ops in {prefix}.augment)")
+        data = dict(data)
+        data["preprocess"] = [
+            {"op": "decode_image", "key": "image", "channels": data.get("channels", 3)},
+            {"op": "resize", "key": "image", "size": size},
+            {"op": "value_range", "key": "image", "min": 0.0, "max": 1.0},
+            {"op": "cast", "key": "label", "dtype": "int32"},
+        ]
+        data.setdefault("outputs", {"inputs": "image", "targets": "label"})
+        return data
 
     @pydantic.model_validator(mode="after")
     def _check_features(self, info: pydantic.ValidationInfo) -> "DataConfig":

@@ -82,7 +82,14 @@ def _element_shape(pipeline: Pipeline) -> list[int]:
     inputs = spec[0]
     if not isinstance(inputs, tf.TensorSpec):
         raise ConfigError("data.outputs.inputs: the built-in models take one input tensor; name one feature")
-    return inputs.shape.as_list()[1:]
+    shape = inputs.shape.as_list()[1:]
+    if any(size is None for size in shape):
+        raise ConfigError(
+            f"data.outputs.inputs: its examples have shape {shape}, which varies (None); a model needs one fixed "
+            "size: set data.image_size: [height, width] for a converted image folder, or add "
+            "{op: resize, key: image, size: [height, width]} to data.preprocess"
+        )
+    return shape
 
 
 class Preempted(SystemExit):
