@@ -73,3 +73,27 @@ def test_devices_says_what_the_resolver_found(tmp_path, demo_cache):
     assert lines[:4] == ["kind: cpu", "replicas: 2 on 1 host(s)", "strategy: MirroredStrategy",
                          "found from: cluster.cpu_replicas"]
     assert sum(line.strip().endswith(("device:CPU:0", "device:CPU:1")) for line in lines) == 2
+
+
+def test_a_missing_dataset_directory_says_how_to_create_it(tmp_path):
+    import pytest
+
+    from tpu_pipeline.errors import DataError
+    from tpu_pipeline.pipeline import Pipeline
+
+    def build(directory: str) -> None:
+        config = load_config(base={"data": {"source": {"type": "tfrecord", "dir": directory}, "batch_size": 4}})
+        Pipeline.from_config(config.data)
+
+    with pytest.raises(DataError, match=r"does not exist; create it with `tpu-pipeline convert --from image-folder\|csv"):
+        build(str(tmp_path / "flowers"))
+    with pytest.raises(DataError, match=r"built-in demo data, which `tpu-pipeline demo` .* writes on first use"):
+        build(str(tmp_path / "demo_shapes" / "v1"))
+
+
+def test_help_lists_the_project_flags_before_absl_and_tensorflow(tmp_path, demo_cache):
+    short = cli("train", "--help", cwd=str(tmp_path), cache_dir=demo_cache)
+    assert short.returncode == 0 and "--config" in short.stdout and "--params_override" in short.stdout
+    assert "absl.app" not in short.stdout and len(short.stdout.splitlines()) < 40
+    full = cli("doctor", "--helpfull", cwd=str(tmp_path), cache_dir=demo_cache).stdout.split("flags:\n", 1)[1]
+    assert full.index("--write-tuned") < full.index("--config:") < full.index("absl.app")

@@ -195,7 +195,10 @@ def test_tpu_check_looks_inside_keras_tuples(tmp_path):
         pipeline_for(files, target="tpu", outputs=outputs, preprocess=[]).build()
     message = str(error.value)
     assert "feature 'inputs' has dtype string" in message and "op keep" in message, message
-    assert "feature 'targets' has dtype int64" in message and "key: targets, dtype: int32" in message, message
+    assert "feature 'targets' has dtype int64" in message and "{op: cast, key: label, dtype: int32}" in message, message
+    # The suggested op, added as written, is the fix (it names the feature, not the tuple position).
+    fixed = data_config(files)["preprocess"] + [{"op": "cast", "key": "label", "dtype": "int32"}]
+    pipeline_for(files, target="tpu", outputs=outputs, preprocess=[op for op in fixed if op.get("key") != "id"]).build()
 
     # A dict of features as the inputs part of the tuple: its keys are checked too.
     preprocess = [op for op in data_config(files)["preprocess"] if op.get("key") != "id"]

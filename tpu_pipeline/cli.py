@@ -57,12 +57,34 @@ class _OthersInfoFilter(logging.Filter):
         return record.levelno >= logging.WARNING or not any(p in path for p in ("/tensorflow/", "/tf_keras/", "/keras/"))
 
 
+def _command_help(name: str, full: bool = False) -> str:
+    """The command's own flags first (absl lists its own and TensorFlow's first, 100+ lines); with
+    --helpfull, every other flag after them."""
+    module = importlib.import_module(COMMANDS[name][0])
+    lines = [f"usage: tpu-pipeline {name} [--config FILE ...] [--flags] [key=value ...]", "",
+             (module.__doc__ or COMMANDS[name][1]).strip(), "", "flags:"]
+    by_module = flags.FLAGS.flags_by_module_dict()
+    # Under `python -m tpu_pipeline.cli`, absl files this module's flags under its path.
+    ours = [m for m in by_module if m.startswith("tpu_pipeline") or "tpu_pipeline/" in m.replace(os.sep, "/")]
+    for module_name in sorted(ours, key=lambda m: (m != COMMANDS[name][0], m)):
+        lines.append(flags.FLAGS.module_help(module_name))
+    lines += ["", "Any config key is a key=value argument (e.g. train.epochs=3); `tpu-pipeline config` prints them all."]
+    if full:
+        others = [m for m in by_module if m not in ours]
+        lines += ["", "other flags (absl, TensorFlow):"] + [flags.FLAGS.module_help(m) for m in sorted(others)]
+    else:
+        lines.append("--helpfull adds the absl and TensorFlow flags.")
+    return "\n".join(lines)
+
+
 def _unknown_flag(args: Sequence[str]) -> str | None:
     """One line for the first flag absl does not know (absl's own error is a page of help), with the
     config key it most likely meant: `--epochs 3` → `train.epochs=3`."""
     from tpu_pipeline.config.loader import suggest_config_key
 
+    app.define_help_flags()  # --help, --helpfull, ...: app.run would define them only later
     known = flags.FLAGS
+    parser_flags = ("flagfile", "undefok")  # handled by absl's parser itself
     index = 0
     while index < len(args):
         arg = args[index]
@@ -72,6 +94,9 @@ def _unknown_flag(args: Sequence[str]) -> str | None:
         if not arg.startswith("-") or arg == "-":
             continue
         name, has_value, value = arg.lstrip("-").partition("=")
+        if name in parser_flags:
+            index += 0 if has_value else 1
+            continue
         if name in known or (name.startswith("no") and name[2:] in known and known[name[2:]].boolean):
             if name in known and not known[name].boolean and not has_value:
                 index += 1  # its value
@@ -101,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         tf.config.list_physical_devices()  # platform start-up (CUDA probing) happens here, silenced
     tf.get_logger().setLevel("WARNING")  # TF's own INFO lines (checkpoint sharding, ...) drown ours
+    if any(arg in ("-h", "-?", "--help", "--helpshort", "--helpfull") for arg in argv[1:]):
+        print(_command_help(name, full="--helpfull" in argv[1:]))
+        sys.exit(0)
     unknown = _unknown_flag(argv[1:])
     if unknown is not None:
         print(f"tpu-pipeline {name}: error: {unknown}", file=sys.stderr)

@@ -56,7 +56,11 @@ def read_dataset_metadata(directory: str, key: str = "data.source") -> dict[str,
             f"{key}.dir: {directory!r} has no {METADATA_FILE}, so its conversion did not finish (or it was not "
             "written by `tpu-pipeline convert`); run the same convert command again to finish it"
         )
-    raise DataError(f"{key}.dir: {directory!r} does not exist; give the --out directory of `tpu-pipeline convert`")
+    if "demo_shapes" in directory:
+        raise DataError(f"{key}.dir: {directory!r} does not exist: it is the built-in demo data, which "
+                        "`tpu-pipeline demo` (or `tpu-pipeline train` without --config) writes on first use")
+    raise DataError(f"{key}.dir: {directory!r} does not exist; create it with `tpu-pipeline convert --from "
+                    f"image-folder|csv|numpy|tfds SOURCE --out {directory}`, or point {key}.dir at a converted dataset")
 
 
 def load_dataset_dir(directory: str, split: Optional[str] = None, key: str = "data.source") -> tuple[dict[str, Any], dict[str, Any]]:

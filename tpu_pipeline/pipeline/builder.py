@@ -128,7 +128,11 @@ class Pipeline:
             dataset = head(dataset) if head else dataset
         dataset = _apply(dataset, after, context, position=start)
         if self.check_tpu:
-            check_tpu_compatible(dataset)
+            outputs = next((stage for stage in self.stages if isinstance(stage, ToOutputs)), None)
+            names = {} if outputs is None else {
+                position: key for position, key in (("inputs", outputs.inputs), ("targets", outputs.targets))
+                if isinstance(key, str)}
+            check_tpu_compatible(dataset, names)
         return dataset
 
     def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:

@@ -6,7 +6,7 @@ native. We name each offending feature, its spec and the fix before training sta
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Optional
 
 import tensorflow as tf
 
@@ -36,11 +36,14 @@ def _walk(spec: Any, path: str) -> Iterator[tuple[str, Any]]:
         yield path or "<element>", spec
 
 
-def tpu_problems(element_spec: Any) -> list[str]:
-    """One readable line per feature a TPU cannot take; empty when the dataset is fit."""
+def tpu_problems(element_spec: Any, feature_names: Optional[Mapping[str, str]] = None) -> list[str]:
+    """One readable line per feature a TPU cannot take; empty when the dataset is fit.
+
+    `feature_names`: the feature behind each position of an (inputs, targets) element, e.g.
+    {"targets": "label"}, so that a suggested op names a key that exists."""
     problems = []
     for name, spec in _walk(element_spec, ""):
-        short = name.split(".")[-1].split("[")[0]
+        short = (feature_names or {}).get(name) or name.split(".")[-1].split("[")[0]
         if isinstance(spec, (tf.SparseTensorSpec, tf.RaggedTensorSpec)):
             problems.append(
                 f"feature '{name}' is {type(spec).__name__} {spec}: TPUs need dense tensors; "
@@ -64,9 +67,9 @@ def tpu_problems(element_spec: Any) -> list[str]:
     return problems
 
 
-def check_tpu_compatible(dataset_or_spec: Any) -> None:
+def check_tpu_compatible(dataset_or_spec: Any, feature_names: Optional[Mapping[str, str]] = None) -> None:
     """Raises TpuCompatibilityError naming every feature a TPU cannot take (call it on CPU too)."""
     spec = dataset_or_spec.element_spec if isinstance(dataset_or_spec, tf.data.Dataset) else dataset_or_spec
-    problems = tpu_problems(spec)
+    problems = tpu_problems(spec, feature_names)
     if problems:
         raise TpuCompatibilityError("dataset is not fit for a TPU:\n  " + "\n  ".join(problems))
