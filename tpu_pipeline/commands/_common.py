@@ -20,7 +20,8 @@ def load_raw(overrides: Sequence[str]) -> tuple[dict[str, Any], Config]:
     The ops of `data` and `eval_data` are checked too (names and arguments), before any work starts.
     """
     if FLAGS.config:
-        raw = read_layered(FLAGS.config)
+        paths = [FLAGS.config] if isinstance(FLAGS.config, str) else list(FLAGS.config)  # one path set from Python
+        raw = read_layered(paths)
     else:
         raw = apply_overrides(read_yaml(DEMO_CONFIG), demo_overrides())
     if FLAGS.params_override:

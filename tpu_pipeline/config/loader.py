@@ -49,6 +49,8 @@ def read_yaml(path: str) -> dict[str, Any]:
     """Reads a YAML mapping from a local path or any tf.io.gfile URL (gs://...)."""
     if not tf.io.gfile.exists(path):
         raise ConfigError(f"config file {path!r} does not exist; pass --config with a path to a YAML file")
+    if tf.io.gfile.isdir(path):
+        raise ConfigError(f"config file {path!r} is a directory; pass --config with a path to a YAML file")
     with tf.io.gfile.GFile(path, "r") as handle:
         try:
             loaded = yaml.load(handle.read(), Loader=_StrictLoader)
