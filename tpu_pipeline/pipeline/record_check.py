@@ -101,12 +101,13 @@ _DATA_MARKS = ("record at", "Could not parse", "image file format", "Feature:", 
                "jpeg", "Name:", "Key:")
 
 
-def tf_message(error: BaseException, limit: int = 200) -> str:
-    """TF's message without its graph-node prefix and op suffix: `Unknown image file format. ...`."""
+def tf_message(error: BaseException, limit: int = 200, marks: Sequence[str] = _DATA_MARKS) -> str:
+    """TF's telling line (the first holding one of `marks`, else the first) without its graph-node
+    prefix and op suffix: `Unknown image file format. ...`."""
     noise = ("Graph execution error", "Detected at node", "most recent call last", "File \"", "[[{{node")
     lines = [line.strip() for line in str(error).splitlines()
              if line.strip() and not any(mark in line for mark in noise) and not line.strip().startswith("<")]
-    telling = [line for line in lines if any(mark in line for mark in _DATA_MARKS)]
+    telling = [line for line in lines if any(mark in line for mark in marks)]
     text = (telling or lines or [type(error).__name__])[0]
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
     text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or type(error).__name__

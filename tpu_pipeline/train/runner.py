@@ -276,10 +276,7 @@ def _explained(config: Config, error: Exception) -> Exception:
 
 def _peer_failure(error: Exception) -> str:
     """The line of a collective's error that says what happened to the peer (TF's first line says little)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    telling = [line for line in lines if "aborted by" in line or "unhealthy" in line or "connect" in line]
-    text = (telling or lines or [type(error).__name__])[0]
-    return text if len(text) <= 300 else text[:297] + "..."
+    return tf_message(error, limit=300, marks=("aborted by", "unhealthy", "connect"))
 
 
 def _worker_printer(printer: Printer, worker_id: int) -> Printer:
