@@ -17,7 +17,6 @@ from tqdm import tqdm
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import DataError
 from tpu_pipeline.pipeline.builder import source_from_config
-from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.plan import make_plan
 from tpu_pipeline.pipeline.source import RecordFileSource
 from tpu_pipeline.pipeline.record_check import Fault, FileChecker, Report
@@ -31,15 +30,11 @@ def _checked_files(config: DataConfig, prefix: str, num_classes: Optional[int]
         raise DataError(f"{prefix}.source: verify reads TFRecord files (type: tfrecord, files or dir); "
                         f"a {type(source).__name__} has nothing to scan")
     plan = make_plan(config, source, prefix)
-    files = source.tfrecord_files()
-    expected: list[Optional[int]] = [None] * len(files)
-    if isinstance(source, DatasetDirSource):
-        counts = source.files_source().counts
-        expected = list(counts) if counts is not None else expected
-        if num_classes is None:
-            num_classes = source.info().num_classes
+    files_source = source.files_source()
+    if num_classes is None:
+        num_classes = source.info().num_classes  # a converted dataset's class names
     checker = FileChecker(config, prefix, plan.features.value or {}, num_classes)
-    return checker, files, getattr(source, "compression", ""), expected
+    return checker, files_source.tfrecord_files(), files_source.compression, files_source.listed_counts()
 
 
 def verify_data(config: DataConfig, prefix: str = "data", num_classes: Optional[int] = None,

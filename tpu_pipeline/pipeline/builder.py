@@ -237,14 +237,11 @@ class Pipeline:
 def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: str,
                         num_classes: Optional[int]) -> tuple[RecordFileSource, SkipReport]:
     """The source reading only good records (damaged files replaced by checked copies), and what was left out."""
-    files_source = source.files_source() if isinstance(source, DatasetDirSource) else source
-    assert isinstance(files_source, TFRecordSource)
-    files = files_source.tfrecord_files()
-    expected = list(files_source.counts) if files_source.counts is not None else [None] * len(files)
+    files_source = source.files_source()
     info = source.info()
     features = config.features or info.features
-    report = check_files(config, prefix, files, files_source.compression, features, expected,
-                         num_classes or info.num_classes)
+    report = check_files(config, prefix, files_source.tfrecord_files(), files_source.compression, features,
+                         files_source.listed_counts(), num_classes or info.num_classes)
     clean = TFRecordSource(files=[r.read_from for r in report.files], compression=files_source.compression,
                            read=files_source.read, counts=[r.good for r in report.files], exact_files=True)
     if isinstance(source, DatasetDirSource):

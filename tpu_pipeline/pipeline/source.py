@@ -9,7 +9,7 @@ the way TFDS passes one `ReadConfig` whole instead of a dozen loose arguments.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 import tensorflow as tf
 
@@ -87,6 +87,10 @@ class RecordFileSource(Source):
 
     def with_read(self, read: ReadOptions) -> "RecordFileSource":
         return dataclasses.replace(self, read=read)  # type: ignore[type-var]
+
+    def files_source(self) -> Any:
+        """The TFRecordSource of the files read (itself, or a dataset directory's shards)."""
+        raise NotImplementedError
 
     @property
     def per_epoch(self) -> bool:

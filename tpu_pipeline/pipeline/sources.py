@@ -195,6 +195,14 @@ class TFRecordSource(RecordFileSource):
         """Records per file: given (metadata.json), else one fast pass over the files (no parse), once per process."""
         return list(self._counts)
 
+    def listed_counts(self) -> list[Optional[int]]:
+        """Records per file as listed (metadata.json), None each where not: what a file should hold,
+        without reading it (verify and on_error: skip compare against it)."""
+        return [int(c) for c in self.counts] if self.counts is not None else [None] * len(self.tfrecord_files())
+
+    def files_source(self) -> "TFRecordSource":
+        return self
+
     def count_examples(self) -> int:
         return sum(self.record_counts())
 
