@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tpu_pipeline.cluster import ClusterInfo
+from tpu_pipeline.cluster.coordination import StoreUnavailable
 from tpu_pipeline.cluster.resolver import worker_id
 from tpu_pipeline.errors import ClusterError
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
@@ -75,6 +76,37 @@ def test_without_sigterm_no_worker_stops_and_closing_releases_the_watchers():
     store = MemoryStore()
     assert run_workers(store, {}) == {}
     assert store.values["tpu_pipeline/run0/stop_at_step"] == "done"
+
+
+def test_worker_0_hosts_the_store_so_it_waits_until_a_late_peer_has_closed():
+    # CI once failed a finished two-worker run: the chief exited, taking the coordination service
+    # with it, while worker 1 was still about to release its watcher.
+    store = MemoryStore()
+    host = StopAgreement(store, 0, 2, "run0")
+    host_closed = threading.Event()
+    closing = threading.Thread(target=lambda: (host.close(), host_closed.set()))
+    closing.start()
+    assert not host_closed.wait(0.3)  # still waiting for worker 1
+    StopAgreement(store, 1, 2, "run0").close()
+    assert host_closed.wait(5)
+    closing.join()
+
+
+class GoneStore(MemoryStore):
+    """The store after its host process exited."""
+
+    def set(self, key: str, value: str) -> bool:
+        raise StoreUnavailable("failed to connect to all addresses")
+
+    def get(self, key: str, timeout_seconds: Optional[float] = None) -> Optional[str]:
+        raise StoreUnavailable("failed to connect to all addresses")
+
+
+def test_a_peer_that_finds_the_host_gone_at_the_end_still_finishes_cleanly():
+    flag = PreemptionFlag(StopAgreement(GoneStore(), 1, 2, "run0"))
+    flag.agreement._watcher.join(timeout=5)
+    assert not flag.agreement._watcher.is_alive()
+    flag.__exit__(None, None, None)  # no error: the run was over
 
 
 def test_one_process_stops_at_the_step_it_got_sigterm():

@@ -13,12 +13,18 @@ from typing import Optional, Protocol
 import tensorflow as tf
 
 
+class StoreUnavailable(Exception):
+    """The process that hosts the store is gone (it exited or was killed)."""
+
+
 class KeyValueStore(Protocol):
     def set(self, key: str, value: str) -> bool:
-        """Sets `key` once; False when another process set it first (the first value stays)."""
+        """Sets `key` once; False when another process set it first (the first value stays).
+        Raises StoreUnavailable when the store's host is gone."""
 
     def get(self, key: str, timeout_seconds: Optional[float] = None) -> Optional[str]:
-        """The value of `key`, waiting for it to be set; None after `timeout_seconds`."""
+        """The value of `key`, waiting for it to be set; None after `timeout_seconds`.
+        Raises StoreUnavailable when the store's host is gone."""
 
 
 class CoordinationService:
@@ -37,6 +43,8 @@ class CoordinationService:
             self._context.set_config_key_value(key, value)
         except tf.errors.AlreadyExistsError:
             return False
+        except tf.errors.UnavailableError as error:
+            raise StoreUnavailable(str(error).splitlines()[0]) from None
         return True
 
     def get(self, key: str, timeout_seconds: Optional[float] = None) -> Optional[str]:
@@ -45,3 +53,5 @@ class CoordinationService:
             return self._context.get_config_key_value(key, timeout_ms)
         except tf.errors.DeadlineExceededError:
             return None
+        except tf.errors.UnavailableError as error:
+            raise StoreUnavailable(str(error).splitlines()[0]) from None

@@ -19,9 +19,11 @@ import signal
 import threading
 from typing import Any, Optional
 
-from tpu_pipeline.cluster.coordination import KeyValueStore
+from tpu_pipeline.cluster.coordination import KeyValueStore, StoreUnavailable
 
 _DONE = "done"
+# How long worker 0, which hosts the store, waits at the end for its peers to be done with it.
+_CLOSE_WAIT_SECONDS = 60.0
 
 
 class StopAgreement:
@@ -37,11 +39,14 @@ class StopAgreement:
         self._watcher.start()
 
     def _watch(self) -> None:
-        value = self.store.get(self.key)
-        if value is None or value == _DONE:
-            return
-        self.step = int(value)
-        self.store.set(f"{self.key}/ack/{self.worker_id}", "1")
+        try:
+            value = self.store.get(self.key)
+            if value is None or value == _DONE:
+                return
+            self.step = int(value)
+            self.store.set(f"{self.key}/ack/{self.worker_id}", "1")
+        except StoreUnavailable:
+            return  # the host exited: training is over or failing, and says so on the main thread
 
     def announce(self, step: int) -> int:
         """Publishes `step` (unless another worker was first) and returns the agreed step once
@@ -55,8 +60,21 @@ class StopAgreement:
         return int(agreed)
 
     def close(self) -> None:
-        """Releases every worker's watcher (the first value set stays, so this is harmless after a stop)."""
-        self.store.set(self.key, _DONE)
+        """Releases every worker's watcher (the first value set stays, so this is harmless after a stop).
+
+        Worker 0 hosts the store (the chief, or worker 0 without one) and waits until every peer
+        has closed too: a peer that finishes its last step a moment later must still find the store,
+        or it would fail a run that succeeded. A peer that cannot reach the store any more only
+        means the host has already gone, so that is not an error here.
+        """
+        try:
+            self.store.set(self.key, _DONE)
+            self.store.set(f"{self.key}/closed/{self.worker_id}", "1")
+            if self.worker_id == 0:
+                for worker in range(1, self.num_workers):
+                    self.store.get(f"{self.key}/closed/{worker}", timeout_seconds=_CLOSE_WAIT_SECONDS)
+        except StoreUnavailable:
+            pass
 
 
 class PreemptionFlag:
