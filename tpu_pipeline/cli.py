@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("tpu_pipeline.commands.doctor", "measure each stage, name the bottleneck, propose a tuned config"),
     "verify": ("tpu_pipeline.commands.verify", "read every record once and list damaged or misfitting ones (exit 1 if any)"),
     "config": ("tpu_pipeline.commands.config", "print the fully resolved config (files layered, overrides, defaults)"),
+    "serve": ("tpu_pipeline.commands.serve", "run a tf.data service dispatcher or worker (preprocessing on other CPUs)"),
     "devices": ("tpu_pipeline.commands.devices", "print what the resolver finds: kind, replicas, hosts, devices, memory"),
 }
 

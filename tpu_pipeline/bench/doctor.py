@@ -10,6 +10,7 @@ the tuned config side by side, so a proposal is only made with its measured effe
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -20,7 +21,7 @@ from tpu_pipeline.bench.ceilings import (
 )
 from tpu_pipeline.bench.measure import Measurement, available_cores, measure, measure_for, summarize
 from tpu_pipeline.config.base import validate
-from tpu_pipeline.config.data import DataConfig, TFRecordSourceConfig
+from tpu_pipeline.config.data import DataConfig, ServiceConfig, TFRecordSourceConfig
 from tpu_pipeline.config.loader import apply_overrides
 from tpu_pipeline.ops import get_op
 from tpu_pipeline.pipeline import Pipeline, Plan
@@ -256,13 +257,46 @@ def _name_bottleneck(stages: list[StageCost], ceilings: Ceilings, fraction: floa
     return f"{worst.name}: the pipeline reaches {fraction:.0%} of the limit ({costliest})"
 
 
+AT_LIMIT = 0.9  # the pipeline runs at >= 90% of this host's compute-bound ceiling
+HIGH_INPUT_WAIT = 0.1  # training waited for input >= 10% of its step time
+
+
+def service_advice(diagnosis: "Diagnosis", training: Optional[dict[str, Any]] = None) -> Optional[str]:
+    """When tf.data service workers would help, and how many cores they need; None when they would not.
+
+    They help when this host's CPUs are the limit (the pipeline at its compute-bound ceiling) and
+    training waits for input (`training`: a finished run's metrics.json). Tuning cannot help then;
+    more cores can. Without training metrics it says what to look for.
+    """
+    ceilings = diagnosis.ceilings
+    per_core = ceilings.one_thread.examples_per_sec
+    compute_bound = ceilings.limit >= ceilings.compute_bound
+    if not compute_bound or diagnosis.pipeline.examples_per_sec < AT_LIMIT * ceilings.limit:
+        return None
+    rate = f"{per_core:,.0f} examples/s per core"
+    if training is None or training.get("input_wait_fraction") is None:
+        return (f"this host's {diagnosis.cores} cores are the limit ({rate}); if training waits for input "
+                "(input_wait_fraction in its metrics.json), tf.data service workers add cores: "
+                "README, 'Outgrowing one host'")
+    wait = float(training["input_wait_fraction"])
+    if wait < HIGH_INPUT_WAIT:
+        return None
+    consumed = float(training.get("examples_per_sec") or 0.0)
+    need = consumed / max(1e-6, 1.0 - wait)  # what the accelerator would take if it never waited
+    cores = max(1, math.ceil(need / per_core - 1e-6))
+    return (f"training waited for input {wait:.0%} of its step time while this host's pipeline runs at its CPU limit "
+            f"({rate}): use tf.data service workers. The accelerator would take about {need:,.0f} examples/s, "
+            f"which needs about {cores} worker cores at {rate} (plus headroom): README, 'Outgrowing one host'")
+
+
 def diagnose(
     config: DataConfig, cores: Optional[int] = None, batches: int = 20, repeats: int = 3, records: int = 512,
     measure_tuned: bool = True,
 ) -> Diagnosis:
     """Measures stages, ceilings, the pipeline, and (optionally) the tuned pipeline, in one run."""
     cores = cores or available_cores()
-    config = config.model_copy(update={"repeat": "forever"})
+    # This host's own pipeline: data.service would move the work, and the measurement, elsewhere.
+    config = config.model_copy(update={"repeat": "forever", "service": ServiceConfig()})
     planned = Pipeline.from_config(config)
     memory = records_in_memory(config, records)
     stages = stage_costs(config, planned.plan, memory, repeats=repeats)

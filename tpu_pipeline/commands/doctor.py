@@ -1,7 +1,9 @@
 """`tpu-pipeline doctor --config FILE [--write-tuned tuned.yaml] [--json out.json] [--chart stages.png]`.
 
 Measures each stage alone, both ceilings and the pipeline, names the bottleneck, proposes config
-changes (measured side by side in the same run) and can write the tuned config.
+changes (measured side by side in the same run) and can write the tuned config. When this host's
+CPUs are the limit and the config's last training run (train.run_dir/metrics.json) waited for
+input, it says how many tf.data service worker cores would feed the accelerator.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ FLAGS = flags.FLAGS
 
 
 def run(overrides: Sequence[str]) -> int:
-    from tpu_pipeline.bench.doctor import diagnose
+    from tpu_pipeline.bench.doctor import diagnose, service_advice
+    from tpu_pipeline.train.run_files import metrics_path, read_metrics
 
     raw, config = load_raw(overrides)
     data = getattr(config, FLAGS.section)
@@ -33,6 +36,11 @@ def run(overrides: Sequence[str]) -> int:
         raise ConfigError(f"the config has no '{FLAGS.section}' section to diagnose")
     diagnosis = diagnose(data, batches=FLAGS.batches)
     print(diagnosis.table())
+    training = read_metrics(config.train.run_dir) if FLAGS.section == "data" else None
+    advice = service_advice(diagnosis, training)
+    if advice:
+        source = f" (from {metrics_path(config.train.run_dir)})" if training else ""
+        print(f"more cores{source}: {advice}")
     section_overrides = [FLAGS.section + o[len("data"):] for o in diagnosis.tuned_overrides]
     if FLAGS["write-tuned"].value:
         tuned = apply_overrides(raw, section_overrides)

@@ -208,6 +208,46 @@ class OptionsConfig(StrictModel):
     slack: bool = False
 
 
+class ServiceConfig(StrictModel):
+    """data.service: run the pipeline up to its batches on tf.data service workers (`tpu-pipeline serve`)."""
+
+    address: Optional[str] = pydantic.Field(
+        None, description="the dispatcher, grpc://host:port; unset: the pipeline runs on this host"
+    )
+    mode: Literal["distributed_epoch", "parallel_epochs"] = pydantic.Field(
+        "distributed_epoch", description="distributed_epoch: the workers split the data, so each example reaches "
+        "one consumer once per epoch (at most once: a killed worker's unfinished split is lost); parallel_epochs: "
+        "every worker runs the whole pipeline, so each example is read once per worker and epoch"
+    )
+    job_name: Optional[str] = pydantic.Field(
+        None, description="consumers with the same job name share one stream (needed with several trainer hosts); "
+        "use a new name per training run: a finished job's name delivers nothing"
+    )
+    num_consumers: Optional[pydantic.PositiveInt] = pydantic.Field(
+        None, description="coordinated reads: the trainer hosts take batches round-robin, one worker per step "
+        "(needs job_name, repeat: forever, and one consumer per host)"
+    )
+    compression: Literal["auto", "none"] = pydantic.Field(
+        "auto", description="auto: batches are compressed for the network when that pays; none: never"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _check(self, info: pydantic.ValidationInfo) -> "ServiceConfig":
+        prefix = (info.context or {}).get("prefix", "data") + ".service"
+        if self.address is not None:
+            host, _, port = self.address.removeprefix("grpc://").rpartition(":")
+            if not host or not port.isdigit() or "://" in host:
+                raise ConfigError(f"{prefix}.address={self.address!r}: expected grpc://host:port, e.g. "
+                                  "grpc://10.0.0.2:5050 (the dispatcher of `tpu-pipeline serve dispatcher`)")
+        if self.num_consumers is not None and self.job_name is None:
+            raise ConfigError(f"{prefix}.num_consumers: coordinated reads share one job; set {prefix}.job_name too")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+
 class DataConfig(StrictModel):
     """One input pipeline: source → parse → preprocess → cache → shuffle → repeat → augment → batch."""
 
@@ -246,6 +286,7 @@ class DataConfig(StrictModel):
         "fix; skip: every record is checked once before the first epoch (the result is cached per file "
         "contents), bad ones are left out, counted by kind and file, and logged once each"
     )
+    service: ServiceConfig = ServiceConfig()
     max_skipped: Union[pydantic.NonNegativeInt, pydantic.confloat(ge=0.0, lt=1.0)] = pydantic.Field(
         0.01, description="with on_error: skip, the most records that may be left out: a count (an int) or a "
         "fraction of all records (a float below 1); more is an error"

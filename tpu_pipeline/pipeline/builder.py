@@ -36,7 +36,9 @@ from tpu_pipeline.pipeline.bad_records import SkipReport, check_files
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
+from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline.plan import Plan, make_plan
+from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.source import RecordFileSource, Source
 from tpu_pipeline.pipeline.spec_check import check_features, first_record
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
@@ -104,8 +106,56 @@ class Pipeline:
         epoch length of this pipeline) and skips start % L records of it before any parse or op.
         """
         context = input_context or tf.distribute.InputContext()
-        cut = next((i for i, stage in enumerate(self.stages) if isinstance(stage, Repeat)), len(self.stages))
-        before, after = list(self.stages[:cut]), list(self.stages[cut:])
+        split = self.service
+        if split is None:
+            dataset = self._stream(self.stages, context, start)
+        else:
+            dataset = self._through_service(split, context, start)
+        if self.check_tpu:
+            outputs = next((stage for stage in self.stages if isinstance(stage, ToOutputs)), None)
+            names = {} if outputs is None else {
+                position: key for position, key in (("inputs", outputs.inputs), ("targets", outputs.targets))
+                if isinstance(key, str)}
+            check_tpu_compatible(dataset, names)
+        return dataset
+
+    @property
+    def service(self) -> Optional[ServiceSplit]:
+        """Where this pipeline leaves for tf.data service workers (data.service), or None."""
+        return next((stage for stage in self.stages if isinstance(stage, ServiceSplit)), None)
+
+    def service_restart(self, examples: int) -> tuple[int, int]:
+        """Through the service, a stream resumed after `examples` (all hosts together) restarts at the
+        start of an epoch: (that epoch, examples of it delivered twice)."""
+        split = self.service
+        assert split is not None, "service_restart: this pipeline does not use data.service"
+        return self._resume_point(split.worker_context(tf.distribute.InputContext()), examples)
+
+    def _through_service(self, split: ServiceSplit, context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
+        """The stages before `split` on the tf.data service workers, the rest here.
+
+        The service decides which worker makes which batch and which consumer gets it, so a resumed
+        stream cannot be the exact rest of the interrupted one: it starts a fresh job at the start
+        of the epoch the run stopped in (the step count, schedule and checkpoints stay exact).
+        """
+        at = list(self.stages).index(split)
+        workers = split.worker_context(context)
+        options = [stage for stage in self.stages[at + 1:] if isinstance(stage, WithOptions)]
+        first_epoch = 0
+        if start:
+            # `start` counts this host's examples; every host consumed as many from the one job.
+            first_epoch, _ = self.service_restart(start * context.num_input_pipelines)
+        salted = split.mode == "parallel_epochs"  # each worker its own file order and shuffles
+        dataset = self._stream(list(self.stages[:at]) + options, workers, first_epoch=first_epoch, salted=salted)
+        return _apply(split.apply(dataset, context, first_epoch), self.stages[at + 1:], context)
+
+    def _stream(self, stages: Sequence[Any], context: tf.distribute.InputContext, start: int = 0,
+                first_epoch: Optional[int] = None, salted: bool = False) -> tf.data.Dataset:
+        """`stages` after the source, epoch by epoch; from example `start` (exactly), or from the
+        beginning of `first_epoch`. `salted`: each run of the graph (each service worker) folds a
+        value of its own into the epoch, hence into every per-epoch seed."""
+        cut = next((i for i, stage in enumerate(stages) if isinstance(stage, Repeat)), len(stages))
+        before, after = list(stages[:cut]), list(stages[cut:])
         last_cache = max((i for i, stage in enumerate(before) if isinstance(stage, Cache)), default=-1)
         once, each = before[: last_cache + 1], before[last_cache + 1:]
         source_per_epoch = self.source.per_epoch and not once
@@ -114,26 +164,26 @@ class Pipeline:
         else:
             first = _apply(self.source.build(context, tf.constant(FIRST_EPOCH, tf.int64)), once, context)
             one_epoch = lambda epoch: _apply(first, each, context, epoch)  # noqa: E731
+        if salted:
+            # Inside a dataset function, so the salt is drawn where the graph runs, not here.
+            unsalted = one_epoch
+            one_epoch = lambda epoch: tf.data.Dataset.from_tensors(epoch).flat_map(  # noqa: E731
+                lambda e: unsalted(e + seeds.runtime_salt()))
         start_epoch, head = FIRST_EPOCH, None
-        if start:
+        if first_epoch:
+            start_epoch, head = first_epoch, lambda dataset: dataset  # noqa: E731
+        elif start:
             start_epoch, skip = self._resume_point(context, start)
             head = lambda dataset: skip_examples(dataset, skip)  # noqa: E731
         if after:
             # Epochs that differ (file order, shuffle seeds) are built one by one; otherwise the
             # same epoch is repeated, which tf.data runs faster (benchmarks/bench_epochs.py).
-            differ = source_per_epoch or any(getattr(stage, "uses_epoch", False) for stage in each)
+            differ = salted or source_per_epoch or any(getattr(stage, "uses_epoch", False) for stage in each)
             dataset, after = after[0].epochs(one_epoch, differ, first=start_epoch, head=head), after[1:]
         else:
             dataset = one_epoch(tf.constant(start_epoch, tf.int64))
             dataset = head(dataset) if head else dataset
-        dataset = _apply(dataset, after, context, position=start)
-        if self.check_tpu:
-            outputs = next((stage for stage in self.stages if isinstance(stage, ToOutputs)), None)
-            names = {} if outputs is None else {
-                position: key for position, key in (("inputs", outputs.inputs), ("targets", outputs.targets))
-                if isinstance(key, str)}
-            check_tpu_compatible(dataset, names)
-        return dataset
+        return _apply(dataset, after, context, position=0 if first_epoch is not None else start)
 
     def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:
         """(epoch, examples of it to skip) for a stream that delivered `start` examples."""
@@ -227,6 +277,7 @@ class Pipeline:
         skipped = None
         if config.on_error == "skip" and isinstance(source, RecordFileSource):
             source, skipped = without_bad_records(config, source, prefix, num_classes)
+            check_copies_reachable(config, skipped, prefix)
         plan = make_plan(config, source, prefix)
         if plan.features.value and isinstance(source, RecordFileSource) and skipped is None:
             check_first_record(source, plan.features.value, prefix)
@@ -247,6 +298,22 @@ def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: st
     if isinstance(source, DatasetDirSource):
         return dataclasses.replace(source, replaced=clean), report
     return clean, report
+
+
+def check_copies_reachable(config: DataConfig, report: SkipReport, prefix: str) -> None:
+    """With data.service on other machines, the checked copies of damaged files must be where those
+    workers can read them: this host's disk is not."""
+    host = (config.service.address or "").removeprefix("grpc://").rpartition(":")[0]
+    if not config.service.enabled or host in ("localhost", "127.0.0.1", "[::1]"):
+        return
+    local = [r for r in report.files if r.read_from != r.path and "://" not in r.read_from]
+    if local:
+        raise ConfigError(
+            f"{prefix}.on_error=skip wrote checked copies of {len(local)} damaged file(s) on this host (e.g. "
+            f"{local[0].read_from}), which the tf.data service workers at {config.service.address} cannot read; "
+            "set TPU_PIPELINE_CACHE to a shared path (gs://bucket/cache) or rewrite the files "
+            "(`tpu-pipeline verify` lists them)"
+        )
 
 
 def check_first_record(source: RecordFileSource, features: Any, prefix: str) -> None:
@@ -279,7 +346,10 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
     records_cached = plan.record_cache.value
     shuffling = plan.shuffle.value
     # Order is set once, for the whole pipeline, by WithOptions below; the stages inherit it.
-    map_args = dict(seed=config.seed, num_parallel_calls=config.num_parallel_calls)
+    on_workers = config.service.enabled
+    # "auto" counts this host's cores, which says nothing of a service worker's: tf.data tunes it there.
+    parallel = "autotune" if on_workers and config.num_parallel_calls == "auto" else config.num_parallel_calls
+    map_args = dict(seed=config.seed, num_parallel_calls=parallel, salted=on_workers)
     batch = Batch(config.batch_size, config.drop_remainder)
     shuffle = Shuffle(config.shuffle.buffer_size, config.seed, config.shuffle.reshuffle_each_iteration)
     if records_cached and shuffling != "off":
@@ -318,6 +388,10 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
         stages.append(batch)
     if config.outputs is not None:
         stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets))
+    if config.service.enabled:  # plan.service: the workers make the batches, this host prefetches them
+        service = config.service
+        stages.append(ServiceSplit(service.address, service.mode, service.job_name, service.num_consumers,
+                                   service.compression, where=f"{prefix}.service"))
     stages.append(Prefetch(config.prefetch))
     stages.append(WithOptions(make_options(config.options.model_copy(update={"deterministic": plan.order.value}))))
     return stages

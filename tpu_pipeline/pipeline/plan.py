@@ -47,8 +47,9 @@ class Plan:
     read: ReadOptions  # the source's read options, from the decisions above
     data_bytes: Optional[int] = None  # the files' size, where measured (None: not needed, or too large)
     ops_batchable: bool = False  # every op works on whole batches (batch-then-parse is possible)
+    service: Decision = Decision("off", "data.service.address unset: every stage runs on this host")
 
-    DECISIONS = ("parse", "shuffle", "record_block", "record_cache", "order", "features", "files")
+    DECISIONS = ("parse", "shuffle", "record_block", "record_cache", "order", "features", "files", "service")
 
     @property
     def batched(self) -> bool:
@@ -104,7 +105,39 @@ def make_plan(config: DataConfig, source: Source, prefix: str = "data") -> Plan:
         parse=parse, shuffle=shuffle, record_block=block, record_cache=cache, order=order, features=features,
         files=Decision(files, f"{origin}" if files else "the source reads no TFRecord file"), read=read,
         data_bytes=data_bytes, ops_batchable=all(registered.batchable for _, _, registered in ops),
+        service=_service(config, source, prefix),
     )
+
+
+def _service(config: DataConfig, source: Source, prefix: str) -> Decision:
+    """data.service: which stages run on tf.data service workers. Everything up to the batches
+    (and the split into inputs and targets) does: that is the CPU work, and a batch crosses the
+    network as one message. Prefetching to the device stays on the trainer host."""
+    service = config.service
+    key = f"{prefix}.service"
+    if not service.enabled:
+        return Decision("off", f"{key}.address unset: every stage runs on this host")
+    if prefix != "data":
+        raise ConfigError(
+            f"{key}: exact evaluation reads every record once in a fixed number of steps, which the service's "
+            f"dynamic split between workers cannot promise; remove {key} (evaluation runs on the trainer hosts)"
+        )
+    if source.in_memory:
+        raise ConfigError(
+            f"{key}: the source ({type(source).__name__}) holds its data in this process's memory, which service "
+            "workers cannot read; write it to TFRecord files first (tpu-pipeline convert)"
+        )
+    if config.cache.enabled and config.cache.path:
+        raise ConfigError(
+            f"{prefix}.cache.path with {key}: every worker would write the same cache files; unset "
+            f"{prefix}.cache.path (each worker then caches in its own memory)"
+        )
+    exactly = ("each example reaches one trainer once per epoch (at most once: a killed worker's unfinished "
+               "split is lost)" if service.mode == "distributed_epoch" else
+               "every worker reads all the data, with its own order and augmentation")
+    return Decision(f"workers: read..batch, {service.mode}",
+                    f"{key}.address={service.address}: the workers run every stage up to the batches; this host "
+                    f"prefetches them to the device. {service.mode}: {exactly}")
 
 
 def _ops(config: DataConfig, prefix: str) -> list[tuple[str, str, Any]]:
@@ -254,6 +287,9 @@ def _order(config: DataConfig, source: Source, files: tuple[str, ...], prefix: s
     limit) and nothing measurable on W2.
     """
     requested = config.options.deterministic
+    if requested is None and config.service.enabled:
+        return Decision(False, f"auto: with {prefix}.service the order already depends on which worker answers "
+                               "first, so in-order stages would cost ~2% on the workers for nothing")
     if requested is not None:
         why = "" if requested else " (a resumed run then continues from its step, but not with exactly the same examples)"
         return Decision(requested, f"{prefix}.options.deterministic={str(requested).lower()}{why}")

@@ -52,13 +52,45 @@ def positions(start: int = 0) -> tf.data.Dataset:
     return tf.data.Dataset.range(start, 1 << 62)
 
 
-def element_seed(root: int, purpose: str, pipeline: Optional[int], position: tf.Tensor) -> tf.Tensor:
+def element_seed(root: int, purpose: str, pipeline: Optional[int], position: tf.Tensor,
+                 salt: Optional[tf.Tensor] = None) -> tf.Tensor:
     """The `int64[2]` seed of the `position`-th element: (the node's first half, position).
 
     Per element, so it is one `stack`: a stateless op hashes its whole seed pair into its key, so
-    pairing a fixed half with the position gives an independent stream per element.
+    pairing a fixed half with the position gives an independent stream per element. A `salt`
+    (`runtime_salt`) is xor-ed into the first half.
     """
-    return tf.stack([tf.constant(node(root, purpose, pipeline)[0], tf.int64), tf.cast(position, tf.int64)])
+    half = tf.constant(node(root, purpose, pipeline)[0], tf.int64)
+    if salt is not None:
+        half = tf.bitwise.bitwise_xor(half, salt)
+    return tf.stack([half, tf.cast(position, tf.int64)])
+
+
+def runtime_salt() -> tf.Tensor:
+    """An int64 that differs on every machine and run that evaluates it: the clock's bits.
+
+    For the one place where equal seeds are wrong: tf.data service workers run the same graph, so
+    with the tree alone every worker would augment its n-th element alike (and, in parallel_epochs
+    mode, read the same file order). Evaluated inside a dataset function, it is drawn on the worker.
+    """
+    return tf.bitcast(tf.timestamp(), tf.int64)
+
+
+def numbered_and_salted(dataset: tf.data.Dataset, start: int = 0) -> tf.data.Dataset:
+    """(element, position, salt) for each element: positions from `start`, and one `runtime_salt()`
+    drawn at the first element where the graph runs.
+
+    A `scan` over the dataset, not a zip with `positions()`: on tf.data service workers in
+    distributed_epoch mode every source dataset of the graph is split by the dispatcher, so a zipped
+    range would cost one dispatcher call per element, and a zipped one-element salt dataset would
+    be empty on all workers but one (its endless repeat then spun a core at 100%).
+    """
+    def number(state, element):
+        position, salt = state
+        salt = tf.where(tf.equal(salt, 0), runtime_salt(), salt)
+        return (position + 1, salt), (element, position, salt)
+
+    return dataset.scan((tf.constant(start, tf.int64), tf.constant(0, tf.int64)), number)
 
 
 def scalar(seed: tf.Tensor) -> tf.Tensor:

@@ -44,6 +44,7 @@ class Source:
     finished feature dicts that knows nothing ahead of reading."""
 
     yields_records: ClassVar[bool] = False  # serialized tf.Example records that need parsing
+    in_memory: ClassVar[bool] = False  # its data lives in this process (tf.data service workers cannot read it)
     compression: str = ""
 
     def tfrecord_files(self) -> list[str]:

@@ -19,7 +19,7 @@ import functools
 import os
 import re
 import threading
-from typing import Mapping, Optional, Sequence, Union
+from typing import ClassVar, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -323,6 +323,7 @@ class ArraySource(Source):
     """In-memory arrays (the classic tutorials' from_tensor_slices): an equal slice per input
     pipeline ('auto'), or every n-th element ('element')."""
 
+    in_memory: ClassVar[bool] = True
     arrays: Mapping[str, np.ndarray]
     sharding: str = "auto"
 

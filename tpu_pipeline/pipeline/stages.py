@@ -52,6 +52,7 @@ class MapFeatures:
     num_parallel_calls: Union[int, str] = "autotune"
     deterministic: Optional[bool] = None
     name: str = "map_features"
+    salted: bool = False  # on tf.data service workers: each worker folds its own salt into the element seeds
 
     def __post_init__(self) -> None:
         if self.random_ops and len(self.random_ops) != len(self.ops):
@@ -75,7 +76,12 @@ class MapFeatures:
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0) -> tf.data.Dataset:
         if not self.ops and self.parse is None:
             return dataset
-        if self.needs_seed:
+        if self.needs_seed and self.salted:
+            pipeline = context.input_pipeline_id
+            dataset = seeds.numbered_and_salted(dataset, position)
+            fn = lambda element, position, salt: self.transform(  # noqa: E731
+                element, seeds.element_seed(self.seed, seeds.AUGMENT, pipeline, position, salt))
+        elif self.needs_seed:
             pipeline = context.input_pipeline_id
             dataset = tf.data.Dataset.zip((dataset, seeds.positions(position)))
             fn = lambda element, position: self.transform(  # noqa: E731

@@ -171,9 +171,14 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                     f"({latest}); nothing changed. Its metrics: {metrics_path(run_dir)}")
             return finished
         epoch_now, into = divmod(resumed_from, steps)
-        printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} "
-                f"of {steps}); the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
-                "of the training stream")
+        if train_pipeline.service is None:
+            position = (f"the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
+                        "of the training stream")
+        else:
+            data_epoch, again = train_pipeline.service_restart(resumed_from * config.data.batch_size)
+            position = (f"data.service cannot resume exactly, so the input starts a fresh service job at the start of "
+                        f"data epoch {data_epoch + 1}" + (f": {again:,} examples of it come again" if again else ""))
+        printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {position}")
 
     progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
@@ -188,6 +193,10 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         step = resumed_from
         if step < total_steps:
             printer(f"training {epochs - step // steps} epoch(s) of {steps} steps, global batch {config.data.batch_size}")
+            if train_pipeline.service is not None:
+                split = train_pipeline.service
+                printer(f"input: tf.data service {split.address} ({split.mode}{', job ' + split.job_name if split.job_name else ''}"
+                        "): its workers make the batches, this host prefetches them")
         while step < total_steps and checkpointer.preempted_at is None:
             # A resumed epoch runs only its remaining steps, then whole epochs follow: Keras counts
             # steps per epoch, so the two parts are two fit calls, each on the stream from its step.
