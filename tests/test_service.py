@@ -86,8 +86,10 @@ class Cluster:
 class Consumer:
     """A process reading a data section through the service; its batches arrive as they come."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.process = subprocess.Popen([sys.executable, CHILD, json.dumps(data)], cwd=REPO, env=ENV,
+    def __init__(self, data: dict[str, Any], host: Optional[tuple[int, int]] = None, delay: float = 0.0) -> None:
+        extra = [str(host[0]), str(host[1])] if host else []
+        env = {**ENV, "SERVICE_CHILD_DELAY": str(delay)}
+        self.process = subprocess.Popen([sys.executable, CHILD, json.dumps(data), *extra], cwd=REPO, env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.ids: list[int] = []
         self.marks: dict[int, list[float]] = collections.defaultdict(list)
@@ -198,20 +200,42 @@ def test_jobs_with_different_names_are_independent_and_one_name_is_shared(files,
     assert sorted(ids[0] + ids[1]) == list(range(NUM))
 
 
-def test_a_sigkilled_worker_loses_what_it_held_but_never_repeats_and_the_stream_goes_on(files):
-    running = Cluster(workers=2)
+def test_coordinated_reads_give_each_host_a_batch_per_round(files, cluster):
+    # Two trainer hosts (input pipelines 0 and 1 of 2) reading one job round-robin, as a TPU pod's
+    # hosts do with data.service.num_consumers: both are fed, at the same pace.
+    service = {"job_name": "svc-test-coordinated", "num_consumers": 2}
+    hosts = [Consumer(service_data(files, cluster.address, service, repeat="forever"), host=(i, 2)) for i in range(2)]
     try:
-        # One pass: no example twice; the dead worker's examples (its shuffle buffer and the rest of
-        # each file it had started) never come; and TensorFlow's dispatcher waits for its lost task,
-        # so a finite pass does not end.
-        one_pass = Consumer(service_data(files, running.address, num_parallel_calls=1))
+        for consumer in hosts:
+            consumer.wait_for_examples(NUM)
+    finally:
+        for consumer in hosts:
+            consumer.stop()
+    # Two workers make two epochs at once (a split is an epoch), each example once in each; each host
+    # takes its batches from both, so over the first epoch's worth of batches of both hosts
+    # together, an example comes at most twice: once from each epoch in flight.
+    together = collections.Counter(hosts[0].ids[: NUM // 2] + hosts[1].ids[: NUM // 2])
+    assert max(together.values()) <= 2
+
+
+def test_a_sigkilled_worker_loses_what_it_held_but_never_repeats_and_the_stream_goes_on(files):
+    running = Cluster(workers=1)
+    try:
+        # One pass of small batches, read slowly while one worker holds all of it (its shuffle buffer
+        # takes every file before the first batch); a second worker joins, then the first is killed.
+        # No example comes twice; what the dead worker held never comes; and TensorFlow's
+        # dispatcher waits for the lost task, so the finite pass does not end.
+        one_pass = Consumer(service_data(files, running.address, shuffle={"buffer_size": 10000}, batch_size=4),
+                            delay=0.05)
         one_pass.wait_for_examples(64)
-        running.workers[1].process.send_signal(signal.SIGKILL)
+        running.workers.append(Server("worker", "--dispatcher", running.address.removeprefix("grpc://")))
+        running.workers[-1].wait_for("serving:")
+        running.workers[0].process.send_signal(signal.SIGKILL)
         one_pass.wait_until_quiet(seconds=10)
         one_pass.stop()
         counts = collections.Counter(one_pass.ids)
         assert max(counts.values()) == 1
-        assert 0 < NUM - len(counts)
+        assert len(counts) < NUM
         assert not one_pass.ended
 
         # Training reads an endless stream: a new worker joins it, and when another worker is
@@ -220,7 +244,7 @@ def test_a_sigkilled_worker_loses_what_it_held_but_never_repeats_and_the_stream_
         running.workers[-1].wait_for("serving:")
         endless = Consumer(service_data(files, running.address, repeat="forever"))
         endless.wait_for_examples(NUM)
-        running.workers[0].process.send_signal(signal.SIGKILL)
+        running.workers[1].process.send_signal(signal.SIGKILL)
         killed_at = len(endless.ids)
         endless.wait_for_examples(killed_at + 3 * NUM)
         endless.stop()
@@ -231,19 +255,18 @@ def test_a_sigkilled_worker_loses_what_it_held_but_never_repeats_and_the_stream_
 def test_sigterm_stops_each_server_within_seconds_even_mid_job(files):
     running = Cluster(workers=1)
     try:
-        # A job the worker is busy with (its consumer gone, as when a trainer is preempted):
-        # TensorFlow's stop() alone waits for such tasks, for tens of seconds mid-epoch.
+        # A job the worker is busy with: TensorFlow's own stop() joins such tasks, for tens of
+        # seconds mid-epoch. The consumer stays, as a trainer would while its workers are replaced.
         consumer = Consumer(service_data(files, running.address, repeat="forever", shuffle={"buffer_size": 10000}))
         consumer.wait_for_examples(NUM)
-        consumer.stop()
         for server in [running.workers[0], running.dispatcher]:
             started = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
             assert server.process.wait(timeout=30) == 0
             assert time.monotonic() - started < 15
             time.sleep(0.2)  # the reader thread's last line
-            assert any(line.startswith("tpu-pipeline serve: stopped the") or "still finishing busy tasks" in line
-                       for line in server.lines), server.lines
+            assert any(line.startswith("tpu-pipeline serve: stopped the") for line in server.lines), server.lines
+        consumer.stop()
     finally:
         running.stop()
 

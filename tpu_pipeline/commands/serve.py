@@ -53,5 +53,5 @@ def run(overrides: Sequence[str]) -> int:
 
     if not serve_until_stopped(running, say):
         sys.stdout.flush()
-        os._exit(0)  # TF's stop is still joining busy tasks; nothing is lost by leaving now
+        os._exit(0)  # a worker: TF's own stop would join its busy tasks for tens of seconds, holding the GIL
     return 0

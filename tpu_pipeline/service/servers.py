@@ -34,7 +34,6 @@ WORKER_TIMEOUT_MS = 10_000
 # trainer's endless stream kept a worker at 1.3 cores for over 20 minutes here.
 JOB_GC_TIMEOUT_MS = 30_000
 JOB_GC_CHECK_MS = 5_000
-STOP_GRACE_SECONDS = 3.0  # on SIGTERM, how long TF's stop() may wait for busy tasks before the process leaves
 
 
 @dataclasses.dataclass
@@ -72,8 +71,8 @@ def start_dispatcher(port: int = 0, work_dir: Optional[str] = None,
     )
     server = service.DispatchServer(config)
     bound = int(server.target.rsplit(":", 1)[1])
-    mode = f"fault tolerant, journal in {directory}" if directory else "not fault tolerant (no --work_dir): a restart loses its jobs"
-    return RunningServer("dispatcher", server, bound, f"dispatcher on port {bound} ({mode})")
+    mode = f"fault tolerant, journal in {directory}" if directory else "not fault tolerant (no --work_dir: a restart loses its jobs)"
+    return RunningServer("dispatcher", server, bound, f"dispatcher on port {bound}, {mode}")
 
 
 def start_worker(dispatcher: str, port: int = 0, address: Optional[str] = None,
@@ -94,10 +93,14 @@ def start_worker(dispatcher: str, port: int = 0, address: Optional[str] = None,
 
 def serve_until_stopped(running: RunningServer, printer: Callable[[str], None] = print,
                         stop: Optional[threading.Event] = None) -> bool:
-    """Blocks until SIGTERM or SIGINT (or `stop`), then stops the server; False when TF's stop was
-    still waiting for busy tasks after STOP_GRACE_SECONDS (mid-epoch, e.g. a shuffle buffer
-    filling, that takes tens of seconds). The caller may then simply exit: a worker keeps no state,
-    and a fault-tolerant dispatcher journals every change as it happens.
+    """Blocks until SIGTERM or SIGINT (or `stop`), then stops the server. Returns False for a worker:
+    the caller must then end the process (the serve command does, at once).
+
+    TensorFlow's `WorkerServer.stop()` joins the worker's running tasks while holding the GIL:
+    mid-epoch that took 18.8 s here, and nothing in the process (not even a timer thread) can cut
+    it short. A worker keeps no state (the dispatcher notices it is gone after its timeout, as
+    after a crash), so ending the process is the clean stop. A dispatcher runs no tasks and stops
+    at once; with a work_dir it has journaled every change already.
 
     Signal handlers are installed only on the main thread (where Python delivers signals); a caller
     on another thread passes its own `stop` event.
@@ -108,18 +111,14 @@ def serve_until_stopped(running: RunningServer, printer: Callable[[str], None] =
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, lambda number, frame: stop.set())
     printer(f"serving: {running.description}; SIGTERM or Ctrl-C stops it")
-    try:
-        while not stop.wait(0.2):
-            pass
-    finally:
-        started = time.perf_counter()
-        stopping = threading.Thread(target=running.stop, name="tpu_pipeline-server-stop", daemon=True)
-        stopping.start()
-        stopping.join(STOP_GRACE_SECONDS)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if stopping.is_alive():
-        printer(f"the {running.role} is still finishing busy tasks after {STOP_GRACE_SECONDS:.0f} s; leaving them")
+    while not stop.wait(0.2):
+        pass
+    if running.role == "worker":  # the handlers stay: a second SIGTERM must not end it by the signal
+        printer("stopped the worker (its running tasks end with the process)")
         return False
+    started = time.perf_counter()
+    running.stop()
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
     printer(f"stopped the {running.role} in {time.perf_counter() - started:.1f} s")
     return True
