@@ -208,6 +208,12 @@ class OptionsConfig(StrictModel):
     slack: bool = False
 
 
+def service_host_port(address: str) -> Optional[tuple[str, str]]:
+    """(host, port) of a tf.data service address, `grpc://host:port` or `host:port`; None if it is neither."""
+    host, _, port = address.removeprefix("grpc://").rpartition(":")
+    return (host, port) if host and port.isdigit() and "://" not in host else None
+
+
 class ServiceConfig(StrictModel):
     """data.service: run the pipeline up to its batches on tf.data service workers (`tpu-pipeline serve`)."""
 
@@ -235,8 +241,7 @@ class ServiceConfig(StrictModel):
     def _check(self, info: pydantic.ValidationInfo) -> "ServiceConfig":
         prefix = (info.context or {}).get("prefix", "data") + ".service"
         if self.address is not None:
-            host, _, port = self.address.removeprefix("grpc://").rpartition(":")
-            if not host or not port.isdigit() or "://" in host:
+            if service_host_port(self.address) is None:
                 raise ConfigError(f"{prefix}.address={self.address!r}: expected grpc://host:port, e.g. "
                                   "grpc://10.0.0.2:5050 (the dispatcher of `tpu-pipeline serve dispatcher`)")
         if self.num_consumers is not None and self.job_name is None:

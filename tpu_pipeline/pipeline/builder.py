@@ -30,7 +30,9 @@ from typing import Any, Callable, Optional, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig
+from tpu_pipeline.config.data import (
+    ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig, service_host_port,
+)
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.bad_records import SkipReport, check_files
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
@@ -303,8 +305,7 @@ def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: st
 def check_copies_reachable(config: DataConfig, report: SkipReport, prefix: str) -> None:
     """With data.service on other machines, the checked copies of damaged files must be where those
     workers can read them: this host's disk is not."""
-    host = (config.service.address or "").removeprefix("grpc://").rpartition(":")[0]
-    if not config.service.enabled or host in ("localhost", "127.0.0.1", "[::1]"):
+    if not config.service.enabled or service_host_port(config.service.address)[0] in ("localhost", "127.0.0.1", "[::1]"):
         return
     local = [r for r in report.files if r.read_from != r.path and "://" not in r.read_from]
     if local:

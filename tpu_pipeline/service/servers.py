@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from tpu_pipeline.config.data import service_host_port
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.system import local_path
 
@@ -51,12 +52,11 @@ class RunningServer:
 
 def dispatcher_address(value: str) -> str:
     """`host:port` from `grpc://host:port` or `host:port`; a clear error for anything else."""
-    address = value.split("://", 1)[1] if value.startswith("grpc://") else value
-    host, _, port = address.rpartition(":")
-    if "://" in address or not host or not port.isdigit():
+    parts = service_host_port(value)
+    if parts is None:
         raise ConfigError(f"dispatcher address {value!r}: expected host:port or grpc://host:port, "
                           "e.g. grpc://10.0.0.2:5050")
-    return address
+    return ":".join(parts)
 
 
 def start_dispatcher(port: int = 0, work_dir: Optional[str] = None,
