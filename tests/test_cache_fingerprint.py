@@ -94,7 +94,7 @@ def test_switching_files_to_another_split_never_reads_the_stale_cache(tmp_path):
 def test_same_config_reuses_and_an_op_argument_makes_a_new_cache(tmp_path, caplog):
     files = write_split(tmp_path / "data", "train", range(50))
     cache = str(tmp_path / "cache")
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         first = examples(raw_config(files, cache))
         assert complete_caches(cache) == [f"pipeline0-of-1.{key_of(raw_config(files, cache))}.index"]
         again = examples(raw_config(files, cache))

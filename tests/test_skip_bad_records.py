@@ -138,13 +138,13 @@ def test_more_bad_records_than_max_skipped_is_an_error_naming_the_first(tmp_path
 
 def test_the_check_runs_once_per_file_contents_and_each_fault_is_logged(tmp_path, caplog):
     files, good = write_small_faulty(tmp_path / "data")
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         pipeline_of(small_data(files), num_classes=10)
     assert "checking every record of 3 file(s) once" in caplog.text
     assert caplog.text.count("leaving out") == 7
     assert "7 of 600 records left out in 3 file(s)" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         again = pipeline_of(small_data(files), num_classes=10)
     assert "checking every record" not in caplog.text and again.skipped.skipped == 7
     assert sorted(ids_of_epoch(again)) == sorted(good)
@@ -152,7 +152,7 @@ def test_the_check_runs_once_per_file_contents_and_each_fault_is_logged(tmp_path
         handle.write(b"")
     os.utime(files.replace("*", "0"), (1, 1))
     caplog.clear()
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         pipeline_of(small_data(files), num_classes=10)
     assert "checking every record of 3 file(s) once" in caplog.text
 
