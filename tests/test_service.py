@@ -15,7 +15,6 @@ import collections
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from typing import Any, Optional
 import pytest
 
 from helpers import data_config, write_jpeg_shards
+from test_multiworker import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +35,7 @@ NUM, SHARDS = 640, 16
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class Server:

@@ -146,7 +146,7 @@ class Pipeline:
         first_epoch = 0
         if start:
             # `start` counts this host's examples; every host consumed as many from the one job.
-            first_epoch, _ = self.service_restart(start * context.num_input_pipelines)
+            first_epoch, _ = self._resume_point(workers, start * context.num_input_pipelines)
         salted = split.mode == "parallel_epochs"  # each worker its own file order and shuffles
         dataset = self._stream(list(self.stages[:at]) + options, workers, first_epoch=first_epoch, salted=salted)
         return _apply(split.apply(dataset, context, first_epoch), self.stages[at + 1:], context)
