@@ -14,19 +14,26 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-    """Splits the CPU now: once TensorFlow has run an op, it can no longer be split."""
+    """Splits the CPU now: once TensorFlow has run an op, it can no longer be split. TF starts here,
+    its start-up lines (CUDA probing on a CPU host, oneDNN) silenced unless TF_CPP_MIN_LOG_LEVEL is yours."""
+    from tpu_pipeline.system import native_stderr_silenced
+    from tpu_pipeline.testing import _USER_SET_TF_LOG_LEVEL
+
+    with native_stderr_silenced(not _USER_SET_TF_LOG_LEVEL):
+        _split_cpu(int(config.getini("tpu_pipeline_cpus")))
+
+
+def _split_cpu(count: int) -> None:
     import tensorflow as tf
 
-    count = int(config.getini("tpu_pipeline_cpus"))
     cpu = tf.config.list_physical_devices("CPU")[0]
-    existing = tf.config.get_logical_device_configuration(cpu)
-    if existing is not None:
-        return  # split already (e.g. by your own conftest): cpu_strategy uses what is there
-    try:
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-    except RuntimeError:
-        warnings.warn("tpu_pipeline.testing: TensorFlow started before the plugin could split the CPU, so "
-                      "cpu_strategy has one replica; list the plugin in the top conftest.py, before TF runs")
+    if tf.config.get_logical_device_configuration(cpu) is None:  # else split already (e.g. by your conftest)
+        try:
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+        except RuntimeError:
+            warnings.warn("tpu_pipeline.testing: TensorFlow started before the plugin could split the CPU, so "
+                          "cpu_strategy has one replica; list the plugin in the top conftest.py, before TF runs")
+    tf.config.list_logical_devices()  # starts TF's context (and its device probing) now, while silenced
 
 
 @pytest.fixture(scope="session")
