@@ -1,4 +1,4 @@
-"""tpu_pipeline.testing as a user meets it: the README's example conftest and test, run in a fresh
+"""tpu_pipeline.testing as a user meets it: docs/testing.md's example conftest and test, run in a fresh
 pytest process (pytester), and the helpers' failure messages."""
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.testing import assert_exactly_once, write_tfrecords
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "testing.md")
 
 
-def readme_example() -> tuple[str, str]:
-    text = open(README).read()
-    section = text[text.index("## Testing your own pipelines"):]
+def guide_example() -> tuple[str, str]:
+    text = open(GUIDE).read()
+    section = text[text.index("# Testing your own pipelines"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     conftest, test = code.split("# test_my_pipeline.py\n")
     return conftest.replace("# conftest.py\n", ""), test
 
 
-def test_the_readme_example_passes_in_a_fresh_pytest(pytester):
-    conftest, test = readme_example()
+def test_the_guide_example_passes_in_a_fresh_pytest(pytester):
+    conftest, test = guide_example()
     pytester.makeconftest(conftest)
     pytester.makepyfile(test_my_pipeline=test)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
