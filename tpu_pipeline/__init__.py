@@ -1,6 +1,6 @@
 """tpu_pipeline: fast, composable tf.data input pipelines and strategy helpers for Keras on Cloud TPU.
 
-The public API, kept small (see README):
+The public API, kept small (see docs/api.md):
   load_config, Config, DataConfig        typed configs with key=value overrides
   Pipeline, build_dataset                stages composed per tf.distribute.InputContext
   register_op                            add your own preprocessing op, usable by name in configs

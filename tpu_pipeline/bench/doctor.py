@@ -277,7 +277,7 @@ def service_advice(diagnosis: "Diagnosis", training: Optional[dict[str, Any]] = 
     if training is None or training.get("input_wait_fraction") is None:
         return (f"this host's {diagnosis.cores} cores are the limit ({rate}); if training waits for input "
                 "(input_wait_fraction in its metrics.json), tf.data service workers add cores: "
-                "README, 'Outgrowing one host'")
+                "docs/service.md")
     wait = float(training["input_wait_fraction"])
     if wait < HIGH_INPUT_WAIT:
         return None
@@ -286,7 +286,7 @@ def service_advice(diagnosis: "Diagnosis", training: Optional[dict[str, Any]] = 
     cores = max(1, math.ceil(need / per_core - 1e-6))
     return (f"training waited for input {wait:.0%} of its step time while this host's pipeline runs at its CPU limit "
             f"({rate}): use tf.data service workers. The accelerator would take about {need:,.0f} examples/s, "
-            f"which needs about {cores} worker cores at {rate} (plus headroom): README, 'Outgrowing one host'")
+            f"which needs about {cores} worker cores at {rate} (plus headroom): docs/service.md")
 
 
 def diagnose(
