@@ -231,3 +231,68 @@ def test_training_on_a_damaged_record_stops_with_one_line_naming_it(tmp_path, pl
         assert message.endswith("list every fault with: tpu-pipeline verify --config ...")
     else:  # found by the counting pass over a bare glob, before training
         assert message.startswith(f"{paths[1]}: corrupted record at {16 + first_length + 12} (bytes that are not TFRecord")
+
+
+# Labels around the boundary of 4 classes: 3 is the last class; 4 (= num_classes, the off-by-one),
+# -1 and 5 are not. Record index → its out-of-range label.
+BOUNDARY_LABELS = [0, 3, 4, -1, 2, 5, 1]
+OUT_OF_RANGE = {2: 4, 3: -1, 5: 5}
+
+
+def write_labelled(path, labels) -> str:
+    """One file of small records (16 floats, id i, label labels[i]): nothing but a label can be wrong."""
+    import numpy as np
+    import tensorflow as tf
+
+    from helpers import small_examples
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for index, record in enumerate(small_examples(np.zeros((len(labels), 16), np.float32))):
+            example = tf.train.Example.FromString(record)
+            example.features.feature["label"].int64_list.value[:] = [labels[index]]
+            writer.write(example.SerializeToString())
+    return str(path)
+
+
+def relabel(path: str, labels: dict) -> None:
+    """Rewrites a TFRecord file in place with record i's label set to labels[i] (the count stays)."""
+    import tensorflow as tf
+
+    records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    with tf.io.TFRecordWriter(path) as writer:
+        for index, record in enumerate(records):
+            if index in labels:
+                example = tf.train.Example.FromString(record)
+                example.features.feature["label"].int64_list.value[:] = [labels[index]]
+                record = example.SerializeToString()
+            writer.write(record)
+
+
+def test_verify_checks_labels_at_the_class_count_boundary(tmp_path):
+    """Existing plants (9, 99) are far out of range: label == num_classes is the off-by-one that slips
+    through `<=`, and -1 the one that slips through a missing lower bound; num_classes - 1 is fine."""
+    from tpu_pipeline.verify import first_fault, verify_data
+
+    path = write_labelled(tmp_path / "labels.tfrecord", BOUNDARY_LABELS)
+    config = config_from_dict({"data": small_config(path)}).data
+    report = verify_data(config, num_classes=4, progress=False)
+    assert {(f.record, f.kind) for f in report.faults} == {(r, "label_out_of_range") for r in OUT_OF_RANGE}, report.table()
+    assert {f.record: f.what for f in report.faults} == {
+        record: f"label 'label' is {label}, outside 0..3" for record, label in OUT_OF_RANGE.items()}
+    assert first_fault(config, num_classes=4).record == 2
+    assert verify_data(config, num_classes=6, progress=False).faults[0].record == 3  # only -1 is outside 0..5
+
+
+def test_verify_takes_the_class_count_from_a_converted_datasets_class_names(dataset_dir):
+    """train.num_classes unset: metadata.json's 4 class names bound the labels (label 4 is a fault, 3 is not)."""
+    from tpu_pipeline.format import read_metadata
+    from tpu_pipeline.verify import verify_data
+
+    assert len(read_metadata(dataset_dir)["class_names"]) == 4
+    shard = sorted(glob.glob(os.path.join(dataset_dir, "train-*")))[1]
+    relabel(shard, {1: 4, 2: 3})
+    config = config_from_dict({"data": dir_config(dataset_dir)}).data
+    report = verify_data(config, progress=False)
+    assert [(os.path.basename(f.file), f.record, f.kind) for f in report.faults] == [
+        (os.path.basename(shard), 1, "label_out_of_range")], report.table()
+    assert report.faults[0].what == "label 'label' is 4, outside 0..3"

@@ -347,3 +347,33 @@ def test_convert_command_from_csv_with_flags(tmp_path):
     assert sorted((float(e["petal"]), int(e["kind"])) for e in examples) == [(i * 0.5, i % 2) for i in range(12)]
     result = cli("--from", "csv", str(tmp_path / "flowers.csv"), "--out", str(out), "--label_column", "species")
     assert result.returncode == 2 and "--label_column: no column 'species'" in result.stderr
+
+
+def test_a_failed_move_into_place_leaves_no_metadata_json_and_a_rerun_finishes(tmp_path, monkeypatch):
+    """metadata.json is the mark of a finished dataset: if moving any shard into place fails, it must
+    not exist (a reader would take a dataset with a missing shard for a whole one)."""
+    write_csv(tmp_path / "data.csv", [["x", "y"]] + [[i, i * 0.5] for i in range(30)])
+    source = CsvSource(str(tmp_path / "data.csv"))
+    out = str(tmp_path / "out")
+    failing = os.path.join(out, "train-00001-of-00003.tfrecord")
+    real_rename = tf.io.gfile.rename
+
+    def rename(src: str, dst: str, overwrite: bool = False) -> None:
+        if os.path.abspath(dst) == failing:  # only the move of shard 1 into place fails: a full disk, a lost mount
+            raise tf.errors.PermissionDeniedError(None, None, f"{dst}: Permission denied")
+        real_rename(src, dst, overwrite)
+
+    monkeypatch.setattr(tf.io.gfile, "rename", rename)
+    with pytest.raises(tf.errors.PermissionDeniedError, match="train-00001-of-00003.tfrecord: Permission denied"):
+        convert(source, out, ConvertOptions(min_shards=3, **FAST))
+    assert not os.path.exists(os.path.join(out, "metadata.json")), "a dataset missing a shard looks finished"
+    assert read_metadata(out) is None
+    assert not os.path.exists(failing)
+    with pytest.raises(DataError, match="did not finish"):
+        Pipeline.from_config(config_from_dict({"data": {"source": {"type": "tfrecord", "dir": out}, "batch_size": 8}}).data)
+
+    monkeypatch.setattr(tf.io.gfile, "rename", real_rename)
+    result = convert(source, out, ConvertOptions(min_shards=3, **FAST))
+    assert result.shards_written == 0 and result.shards_reused == 3  # every shard was whole: only the moves remained
+    assert sorted(os.listdir(out)) == ["metadata.json"] + [f"train-0000{k}-of-00003.tfrecord" for k in range(3)]
+    assert sorted(int(e["x"]) for e in read_split(out, "train")) == list(range(30))

@@ -11,6 +11,7 @@ import tensorflow as tf
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError, TpuCompatibilityError
 from tpu_pipeline.pipeline import Pipeline, choose_sharding
+from tpu_pipeline.pipeline.tpu_check import TPU_DTYPES, tpu_problems
 
 from helpers import data_config, jpeg_examples, write_jpeg_shards
 
@@ -214,6 +215,55 @@ def test_tpu_check_looks_inside_keras_tuples(tmp_path):
     assert isinstance(spec, tuple) and spec[0].shape.as_list() == [32, 16, 16, 3]
     images, labels = pipeline_for(files, outputs=outputs, preprocess=[]).build().element_spec
     assert (images.dtype, labels.dtype) == (tf.string, tf.int64)
+
+
+@pytest.mark.parametrize("dtype", [tf.float64, tf.int64, tf.string, tf.float16, tf.int16, tf.uint16, tf.complex128],
+                         ids=lambda dtype: dtype.name)
+def test_tpu_check_refuses_every_dtype_a_tpu_does_not_take(dtype):
+    """float64 (as common as int64: NumPy's default) must be refused too, not only the dtypes other tests plant."""
+    problems = tpu_problems({"x": tf.TensorSpec([8, 4], dtype), "ok": tf.TensorSpec([8], tf.float32)})
+    assert len(problems) == 1 and problems[0].startswith(f"feature 'x' has dtype {dtype.name} (shape (8, 4)):"), problems
+
+
+@pytest.mark.parametrize("dtype", sorted(TPU_DTYPES, key=lambda d: d.name), ids=lambda dtype: dtype.name)
+def test_tpu_check_accepts_the_dtypes_a_tpu_takes(dtype):
+    assert tpu_problems({"x": tf.TensorSpec([8, 4], dtype)}) == []
+
+
+def test_tpu_check_refuses_float64_from_a_pipeline_and_names_the_cast(tmp_path):
+    files = write_jpeg_shards(tmp_path, num=64, num_shards=2)
+    preprocess = data_config(files)["preprocess"] + [{"op": "cast", "key": "image", "dtype": "float64"}]
+    with pytest.raises(TpuCompatibilityError) as error:
+        pipeline_for(files, target="tpu", preprocess=preprocess).build()
+    message = str(error.value)
+    assert "feature 'image' has dtype float64 (shape (32, 16, 16, 3))" in message, message
+    assert "{op: cast, key: image, dtype: float32}" in message, message
+
+
+@pytest.mark.parametrize("shape, dynamic", [
+    ([32, None, None, 3], "(32, None, None, 3)"),  # images of their own size: no resize
+    ([32, 16, 16, None], "(32, 16, 16, None)"),
+    ([32, None], "(32, None)"),  # a variable-length feature
+    (None, "<unknown>"),  # unknown rank
+], ids=["image_sizes", "channels", "length", "rank"])
+def test_tpu_check_looks_at_every_dimension_not_only_the_batch(shape, dynamic):
+    """A static batch hides nothing: any dynamic dimension is one XLA compile per shape."""
+    problems = tpu_problems({"image": tf.TensorSpec(shape, tf.float32)})
+    assert len(problems) == 1, problems
+    assert f"feature 'image' has dynamic shape {dynamic}" in problems[0], problems
+    if shape is not None:
+        assert "give it a fixed size" in problems[0] and "drop_remainder" not in problems[0], problems
+
+
+def test_tpu_check_refuses_images_left_at_their_own_size(tmp_path):
+    """Decoded JPEGs of varying sizes without a resize: a [32, None, None, 3] batch spec (static batch)."""
+    files = write_jpeg_shards(tmp_path, num=64, num_shards=2)
+    preprocess = [op for op in data_config(files)["preprocess"] if op["op"] != "resize"]
+    with pytest.raises(TpuCompatibilityError) as error:
+        pipeline_for(files, target="tpu", preprocess=preprocess).build()
+    message = str(error.value)
+    assert "feature 'image' has dynamic shape (32, None, None, 3)" in message, message
+    assert "op resize" in message, message
 
 
 def test_outputs_give_keras_tuples(tmp_path):

@@ -168,3 +168,50 @@ def test_the_saved_position_is_a_few_bytes_whatever_the_buffers(tmp_path):
     their_size = sum(tf.io.gfile.stat(p).length for p in tf.io.gfile.glob(their + "*"))
     print(f"saved input position: ours {size} bytes, tf.data iterator {their_size:,} bytes")
     assert their_size > 100 * size  # what index-based state spares: tf.data saved the buffered records
+
+
+def restored_rests(make_iterator, positions, directory, read) -> dict[int, list]:
+    """Checkpoints one fresh iterator after k elements for each k of `positions`, restores a new
+    iterator from each checkpoint (as a restarted process does) and returns what each delivers
+    (each element as `read` gives it)."""
+    iterator, taken, paths = make_iterator(), 0, {}
+    for k in sorted(positions):
+        for _ in range(k - taken):
+            next(iterator)
+        taken = k
+        paths[k] = tf.train.Checkpoint(data=iterator).write(str(directory / f"after-{k}"))
+    rests = {}
+    for k, path in paths.items():
+        restored = make_iterator()
+        tf.train.Checkpoint(data=restored).read(path).assert_consumed()
+        assert int(restored.position.numpy()) == k
+        rests[k] = [read(element) for element in restored]
+    return rests
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["pipeline_iterator", "distributed_iterator"])
+def test_a_restored_iterator_delivers_exactly_the_rest_of_the_stream(tmp_path, distributed, eight_replica_strategy):
+    """Element by element against the uninterrupted stream (built without iterators): one batch too
+    far or too early is a missing or a repeated batch, which a training curve would never show."""
+    files = write_small_shards(tmp_path / "data", 128, 2)[0]  # 4 batches (steps) of 32 an epoch, 3 epochs
+    config = default_config("batched", files, 1, False).model_copy(update={"batch_size": 32})
+    if distributed:
+        strategy = eight_replica_strategy
+
+        def read(step) -> dict[str, np.ndarray]:
+            return {key: np.concatenate([part.numpy() for part in strategy.experimental_local_results(value)])
+                    for key, value in step.items()}
+
+        full = [read(step) for step in Pipeline.from_config(config).distribute(strategy)]
+        make = lambda: Pipeline.from_config(config).distributed_iterator(strategy)  # noqa: E731
+        positions = (0, 4, 9)  # the start, the next epoch's first step, mid epoch 2
+    else:
+        read = lambda batch: {key: value.numpy() for key, value in batch.items()}  # noqa: E731
+        full = batches(Pipeline.from_config(config).build())
+        make = lambda: Pipeline.from_config(config).iterator()  # noqa: E731
+        positions = (0, 1, 3, 4, 11)  # also an epoch's last batch and the last one
+    assert len(full) == 3 * 4 and sorted(int(i) for batch in full[:4] for i in batch["id"]) == list(range(128))
+    for k, rest in restored_rests(make, positions, tmp_path, read).items():
+        assert [b["id"].tolist() for b in rest[:1]] == [b["id"].tolist() for b in full[k:k + 1]], \
+            f"restored after {k} batches: it does not go on with batch {k}"
+        assert_same(rest, full[k:], f"restored after {k} batches")

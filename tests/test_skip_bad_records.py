@@ -17,7 +17,7 @@ from tpu_pipeline.errors import DataError
 from tpu_pipeline.pipeline import Pipeline
 
 from helpers import small_examples
-from test_bad_data import planted, verify_config  # noqa: F401 (a fixture)
+from test_bad_data import dataset_dir, planted, verify_config  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(autouse=True)
@@ -190,3 +190,28 @@ def test_a_resume_continues_exactly_over_the_good_records(tmp_path):
     for batch in pipeline.build(start=7 * 32):
         resumed.extend(int(i) for i in batch["id"].numpy())
     assert resumed == full[7 * 32:]
+
+
+def test_skip_leaves_out_labels_at_and_beyond_the_class_count_and_keeps_the_last_class(tmp_path):
+    """The same boundary as verify's: label == num_classes and -1 are left out, num_classes - 1 stays."""
+    from test_bad_data import BOUNDARY_LABELS, OUT_OF_RANGE, write_labelled
+
+    path = write_labelled(tmp_path / "labels.tfrecord", BOUNDARY_LABELS)
+    pipeline = pipeline_of(small_data(path, max_skipped=10, shuffle={"enabled": False}), num_classes=4)
+    assert sorted(ids_of_epoch(pipeline)) == [i for i in range(len(BOUNDARY_LABELS)) if i not in OUT_OF_RANGE]
+    assert sorted(f.record for f in pipeline.skipped.faults) == sorted(OUT_OF_RANGE)
+    assert pipeline.skipped.by_kind() == {"label_out_of_range": 3}
+
+
+def test_skip_takes_the_class_count_from_a_converted_datasets_class_names(dataset_dir):  # noqa: F811
+    """Pipeline.from_config without num_classes (train.num_classes unset): metadata.json's class names count."""
+    import glob
+
+    from test_bad_data import dir_config, relabel
+
+    shard = sorted(glob.glob(os.path.join(dataset_dir, "train-*")))[1]
+    relabel(shard, {1: 4, 2: 3})
+    data = dir_config(dataset_dir, on_error="skip", max_skipped=1, shuffle={"enabled": False}, drop_remainder=False)
+    pipeline = pipeline_of(data)
+    assert pipeline.skipped.by_kind() == {"label_out_of_range": 1}
+    assert pipeline.source.count_examples() == 63

@@ -280,3 +280,45 @@ def test_training_config_errors_name_the_key(small_demo, tmp_path):
         train(glob_only, cluster=resolve(ClusterConfig()), printer=lambda line: None)
     with pytest.raises(ConfigError, match=r"train.profile_steps"):
         load_config(DEMO_CONFIG, ["train.profile_steps=[9, 3]"])
+
+
+def run_files(run_dir: str, worker_id: int, is_chief: bool):
+    """RunFiles as worker `worker_id` of a two-worker TF_CONFIG cluster (what `resolve` tells each process)."""
+    import tensorflow as tf
+
+    from tpu_pipeline.cluster import ClusterInfo
+    from tpu_pipeline.train.run_files import RunFiles
+
+    cluster = ClusterInfo(strategy=tf.distribute.get_strategy(), kind="multi-worker", num_replicas=2, num_hosts=2,
+                          devices=("/cpu:0",), worker_id=worker_id, is_chief=is_chief)
+    checkpoint = tf.train.Checkpoint(step=tf.Variable(worker_id, dtype=tf.int64))
+    return RunFiles(run_dir, cluster, checkpoint, max_to_keep=2)
+
+
+def test_only_the_chief_writes_metrics_json(tmp_path):
+    """Both workers of the two-worker test rename to the same path, so only a worker alone can show
+    that a non-chief writes nothing: its metrics would overwrite the chief's (or race with them)."""
+    from tpu_pipeline.train.run_files import read_metrics
+
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    other = run_files(run_dir, worker_id=1, is_chief=False)
+    assert other.write_metrics({"worker": 1}) is None
+    assert os.listdir(run_dir) == [], "a non-chief worker wrote into run_dir"
+    assert read_metrics(run_dir) is None
+
+    chief = run_files(run_dir, worker_id=0, is_chief=True)
+    assert chief.write_metrics({"worker": 0}) == os.path.join(run_dir, "metrics.json")
+    assert other.write_metrics({"worker": 1}) is None
+    assert read_metrics(run_dir) == {"worker": 0}
+    assert sorted(os.listdir(run_dir)) == ["metrics.json"]  # no temporary file left either
+
+
+def test_a_non_chief_checkpoint_leaves_only_the_chiefs(tmp_path):
+    """Every worker saves (a save runs collectives), but a non-chief's files go and only the chief's path is named."""
+    run_dir = str(tmp_path / "run")
+    chief, other = run_files(run_dir, 0, True), run_files(run_dir, 1, False)
+    kept = chief.save_checkpoint(step=7)
+    assert other.save_checkpoint(step=7) == kept == os.path.join(run_dir, "checkpoints", "ckpt-7")
+    assert sorted(os.listdir(run_dir)) == ["checkpoints"], "the non-chief's temporary directory was left"
+    assert run_files(run_dir, 1, False).latest_checkpoint == kept  # what a restarted non-chief restores
