@@ -1,7 +1,13 @@
-"""A serialized tf.Example against a config's feature spec, in plain Python: what does not fit, and the fix.
+"""A serialized tf.Example (or tf.SequenceExample) against a config's feature spec, in plain Python:
+what does not fit, and the fix.
 
 Shared by the build-time check of the pipeline (one record) and `verify` (every record), so both
 name the same faults the same way. Also home of `feature_spec`, the spec `tf.io.parse_*example` takes.
+
+Records are SequenceExamples when any feature is of kind `sequence` (a feature list); the other
+features are then the SequenceExample's context. The two protos share field 1 (features /
+context), so each parses as the other without complaint: which one a record is meant to be comes
+from the spec, never from a guess, and a feature looked for in the wrong place gets a fix saying so.
 """
 from __future__ import annotations
 
@@ -14,18 +20,38 @@ from google.protobuf.message import DecodeError
 
 DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
 _KINDS = {"bytes_list": "string", "int64_list": "int64", "float_list": "float32"}
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+Record = Union[tf.train.Example, tf.train.SequenceExample]
+
+
+def is_sequence_spec(features: Mapping[str, Any]) -> bool:
+    """Whether records are SequenceExamples: any feature of kind `sequence`."""
+    return any(feature.kind == "sequence" for feature in features.values())
+
+
+def _spec(name: str, feature: Any) -> Any:
+    dtype = DTYPES[feature.dtype]
+    if feature.kind == "var":
+        return tf.io.VarLenFeature(dtype)
+    if feature.kind == "ragged":  # no partitions: one 1-D vector per example (a [B, None] RaggedTensor in a batch)
+        return tf.io.RaggedFeature(dtype, value_key=name)
+    if feature.kind == "sequence":  # absent: an error at parse, unless default: [] says it is an empty sequence
+        return tf.io.FixedLenSequenceFeature(feature.shape, dtype, allow_missing=feature.default is not None)
+    return tf.io.FixedLenFeature(feature.shape, dtype, default_value=feature.default)
 
 
 def feature_spec(features: Mapping[str, Any]) -> dict[str, Any]:
-    """FeatureConfig mapping → the dict tf.io.parse_*example expects."""
-    spec: dict[str, Any] = {}
-    for name, feature in features.items():
-        dtype = DTYPES[feature.dtype]
-        if feature.kind == "var":
-            spec[name] = tf.io.VarLenFeature(dtype)
-        else:
-            spec[name] = tf.io.FixedLenFeature(feature.shape, dtype, default_value=feature.default)
-    return spec
+    """FeatureConfig mapping → the dict tf.io.parse_*example expects (context and feature lists together
+    for SequenceExamples: `sequence_spec` splits them)."""
+    return {name: _spec(name, feature) for name, feature in features.items()}
+
+
+def sequence_spec(features: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(context features, sequence features): the two specs tf.io.parse_*sequence_example takes."""
+    spec = feature_spec(features)
+    context = {name: s for name, s in spec.items() if features[name].kind != "sequence"}
+    return context, {name: s for name, s in spec.items() if features[name].kind == "sequence"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,31 +71,117 @@ def parse_example(record: bytes) -> Optional[tf.train.Example]:
     return example
 
 
-def misfit(record: Union[bytes, tf.train.Example], features: Mapping[str, Any]) -> Optional[Misfit]:
+def parse_sequence_example(record: bytes) -> Optional[tf.train.SequenceExample]:
+    example = tf.train.SequenceExample()
+    try:
+        example.ParseFromString(record)
+    except DecodeError:
+        return None
+    return example
+
+
+def parse_record(record: bytes, features: Mapping[str, Any]) -> Optional[Record]:
+    """`record` as the proto `features` describes (a SequenceExample when any feature is a sequence);
+    None when it does not decode."""
+    return parse_sequence_example(record) if is_sequence_spec(features) else parse_example(record)
+
+
+def context_features(record: Record) -> Any:
+    """The features map of an Example, or the context of a SequenceExample."""
+    return record.context.feature if isinstance(record, tf.train.SequenceExample) else record.features.feature
+
+
+def misfit(record: Union[bytes, Record], features: Mapping[str, Any]) -> Optional[Misfit]:
     """The first way `record` (serialized, or already parsed) does not fit `features`, None when it fits."""
-    example = record if isinstance(record, tf.train.Example) else parse_example(record)
+    sequence = is_sequence_spec(features)
+    want = tf.train.SequenceExample if sequence else tf.train.Example
+    if isinstance(record, (tf.train.Example, tf.train.SequenceExample)) and not isinstance(record, want):
+        record = record.SerializeToString()  # the same bytes read as the other proto
+    example = record if isinstance(record, want) else parse_record(record, features)
     if example is None:
-        return Misfit("not_an_example", None, "not a tf.train.Example",
-                      "was the file written by something else (raw bytes, a SequenceExample)?")
-    stored = example.features.feature
+        name = "tf.train.SequenceExample" if sequence else "tf.train.Example"
+        return Misfit("not_an_example", None, f"not a {name}",
+                      "was the file written by something else (raw bytes, another proto)?")
+    stored = context_features(example)
+    lists = example.feature_lists.feature_list if sequence else {}
     for name, feature in features.items():
-        if name not in stored:
-            if feature.kind == "var" or feature.default is not None:
-                continue
-            present = ", ".join(sorted(stored)) or "none"
-            return Misfit("missing_feature", name, f"has no feature {name!r} (it has: {present})",
-                          "rename the key, or give it a default (or kind: var) if some records lack it")
-        kind = stored[name].WhichOneof("kind")
-        if kind is None:
-            continue  # an empty feature: nothing to compare
-        dtype = _KINDS[kind]
-        if dtype != feature.dtype:
-            return Misfit("wrong_dtype", name, f"stores {dtype} values where dtype is {feature.dtype}",
-                          f"set dtype: {dtype} (then cast in preprocess if the model needs another type)")
-        if feature.kind == "fixed":
-            count, expected = len(getattr(stored[name], kind).value), math.prod(feature.shape)
-            if count != expected:
-                return Misfit("wrong_shape", name,
-                              f"holds {count} value(s) where shape is {list(feature.shape)} ({expected} value(s))",
-                              f"set shape: [{count}] (or a shape of {count} values), or kind: var when the length varies")
+        if feature.kind == "sequence":
+            found = _sequence_misfit(name, feature, lists, stored)
+        else:
+            found = _feature_misfit(name, feature, stored, example, sequence)
+        if found is not None:
+            return found
+    return None
+
+
+def _feature_misfit(name: str, feature: Any, stored: Any, example: Record, sequence: bool) -> Optional[Misfit]:
+    if name not in stored:
+        if feature.kind == "var" or feature.default is not None:
+            return None
+        present = ", ".join(sorted(stored)) or "none"
+        where = "context feature" if sequence else "feature"
+        fix = "rename the key, or give it a default (or kind: var) if some records lack it"
+        if feature.kind == "ragged":
+            fix = "rename the key, or set default: [] if some records lack it (they are then empty sequences)"
+        if not sequence and isinstance(example, tf.train.Example):
+            as_sequence = parse_sequence_example(example.SerializeToString())
+            if as_sequence is not None and name in as_sequence.feature_lists.feature_list:
+                fix = (f"the records are tf.train.SequenceExamples with a feature list {name!r}: set kind: sequence "
+                       "(the other features are then read from the context)")
+        return Misfit("missing_feature", name, f"has no {where} {name!r} (it has: {present})", fix)
+    kind = stored[name].WhichOneof("kind")
+    if kind is None:
+        return None  # an empty feature: nothing to compare
+    values = getattr(stored[name], kind).value
+    found = _values_misfit(name, feature, kind, values)
+    if found is not None:
+        return found
+    if feature.kind == "fixed":
+        count, expected = len(values), math.prod(feature.shape)
+        if count != expected:
+            return Misfit("wrong_shape", name,
+                          f"holds {count} value(s) where shape is {list(feature.shape)} ({expected} value(s))",
+                          f"set shape: [{count}] (or a shape of {count} values), or kind: var (or ragged) when the "
+                          "length varies")
+    return None
+
+
+def _values_misfit(name: str, feature: Any, kind: str, values: Any, step: str = "") -> Optional[Misfit]:
+    """The stored list's dtype against the spec, and int64 ids against int32 when they arrive as int32."""
+    dtype = _KINDS[kind]
+    if dtype != feature.dtype:
+        return Misfit("wrong_dtype", name, f"stores {dtype} values{step} where dtype is {feature.dtype}",
+                      f"set dtype: {dtype} (then cast in preprocess if the model needs another type)")
+    if getattr(feature, "parsed_dtype", feature.dtype) == "int32" and feature.dtype == "int64" and len(values):
+        low, high = min(values), max(values)
+        if low < INT32_MIN or high > INT32_MAX:
+            bad = low if low < INT32_MIN else high
+            return Misfit("wrong_dtype", name, f"holds the id {bad}{step}, outside int32, which it is parsed as",
+                          "set cast: int64 on the feature (ids then arrive as int64)")
+    return None
+
+
+def _sequence_misfit(name: str, feature: Any, lists: Any, context: Any) -> Optional[Misfit]:
+    if name not in lists:
+        if feature.default is not None:
+            return None
+        present = ", ".join(sorted(lists)) or "none"
+        fix = "rename the key, or set default: [] if some records lack it (they are then empty sequences)"
+        if name in context:
+            fix = f"{name!r} is a context feature (or the records are tf.Examples): use kind ragged (or fixed, var)"
+        return Misfit("missing_feature", name, f"has no feature list {name!r} (its feature lists: {present})", fix)
+    expected = math.prod(feature.shape)
+    for index, step in enumerate(lists[name].feature):
+        kind = step.WhichOneof("kind")
+        values = getattr(step, kind).value if kind is not None else []
+        if kind is not None:
+            found = _values_misfit(name, feature, kind, values, f" at step {index}")
+            if found is not None:
+                return found
+        if len(values) != expected:
+            return Misfit("wrong_shape", name,
+                          f"holds {len(values)} value(s) at step {index} where shape is {list(feature.shape)} "
+                          f"({expected} value(s) a step)",
+                          f"set shape: [{len(values)}] if every step holds {len(values)}; steps of different lengths "
+                          "cannot be parsed as one tensor")
     return None

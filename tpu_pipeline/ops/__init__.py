@@ -1,10 +1,10 @@
-"""Preprocessing ops: a registry plus the built-in image and label ops (imported to register them).
+"""Preprocessing ops: a registry plus the built-in image, label and token-sequence ops (imported to register them).
 
 `check_ops(data)` checks the ops a data config names without calling a factory (no TensorFlow);
 factories run, and may use TensorFlow, when a pipeline is built (`build_ops`, `RegisteredOp.build`).
 `keyed` writes an op as a function of one tensor; `scoped_ops` undoes registrations (for tests).
 """
-from tpu_pipeline.ops import image, label  # noqa: F401  (registers the built-in ops)
+from tpu_pipeline.ops import image, label, sequence  # noqa: F401  (registers the built-in ops)
 from tpu_pipeline.ops.check import build_ops, check_ops
 from tpu_pipeline.ops.keyed import keyed
 from tpu_pipeline.ops.registry import OpFn, RegisteredOp, get_op, register_op, registered_ops, scoped_ops

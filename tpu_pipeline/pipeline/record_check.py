@@ -18,8 +18,9 @@ from typing import Any, Callable, Optional, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.format.example_check import feature_spec, misfit, parse_example
+from tpu_pipeline.format.example_check import context_features, misfit, parse_record
 from tpu_pipeline.ops import build_ops
+from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.record_scan import FramingFault, Record, scan_records
 
 FIXES = {
@@ -27,7 +28,7 @@ FIXES = {
     "bad_length_crc": "the framing is damaged: copy or convert the file again; the records after this one cannot be read",
     "bad_data_crc": "the record's bytes are corrupted: copy or convert the file again",
     "unreadable": "check data.source.compression, or copy the file again",
-    "not_an_example": "was the file written by something else (raw bytes, a SequenceExample)?",
+    "not_an_example": "was the file written by something else (raw bytes, another proto)?",
     "op_failed": "the bytes do not decode as the op expects: re-encode the source item and convert again",
     "label_out_of_range": "fix the label, or set train.num_classes to the real number of classes",
     "count_mismatch": "the file differs from what metadata.json lists: convert the dataset again, or restore the file",
@@ -120,7 +121,7 @@ class FileChecker:
 
     def __init__(self, config: DataConfig, prefix: str, features: dict[str, Any], num_classes: Optional[int]) -> None:
         self.features = features
-        self.spec = feature_spec(features)
+        self.parse = make_parser(features)  # what the pipeline runs, SequenceExamples and int32 ids included
         fns, random = build_ops(config.preprocess, f"{prefix}.preprocess")
         self.ops = [(f"{prefix}.preprocess[{i}] ({op.op})", fn)
                     for i, (op, fn, is_random) in enumerate(zip(config.preprocess, fns, random)) if not is_random]
@@ -128,21 +129,21 @@ class FileChecker:
         self.num_classes = num_classes
 
     def record_fault(self, path: str, record: Record) -> Optional[Fault]:
-        example = parse_example(record.data)
+        example = parse_record(record.data, self.features)  # an Example, or a SequenceExample when the spec says so
         found = misfit(example if example is not None else record.data, self.features)
         if found is not None:
             what = found.what if found.key is None or found.kind == "missing_feature" else f"feature {found.key!r} {found.what}"
             return Fault(path, record.index, record.offset, found.kind, what, found.fix)
         if self.label_key and self.num_classes:
-            values = example.features.feature[self.label_key].int64_list.value if self.label_key in example.features.feature else []
+            stored = context_features(example)
+            values = stored[self.label_key].int64_list.value if self.label_key in stored else []
             if len(values) == 1 and not 0 <= values[0] < self.num_classes:
                 return Fault(path, record.index, record.offset, "label_out_of_range",
                              f"label {self.label_key!r} is {values[0]}, outside 0..{self.num_classes - 1}",
                              FIXES["label_out_of_range"])
         if not self.ops:
             return None  # the checks above are all: no TensorFlow call per record
-        parsed = tf.io.parse_single_example(record.data, self.spec)
-        features: Any = {k: (tf.sparse.to_dense(v) if isinstance(v, tf.SparseTensor) else v) for k, v in parsed.items()}
+        features: Any = self.parse(tf.constant(record.data))
         for name, fn in self.ops:
             try:
                 features = fn(features, None)

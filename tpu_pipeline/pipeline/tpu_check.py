@@ -24,6 +24,9 @@ _DTYPE_FIX = {
 }
 
 
+SEQUENCE_FIX = "give the token sequence a static length: data.sequence: {keys: [NAME], length: N, mode: pad|bucket|pack}"
+
+
 def _walk(spec: Any, path: str) -> Iterator[tuple[str, Any]]:
     if isinstance(spec, dict):
         for key in sorted(spec):
@@ -44,11 +47,12 @@ def tpu_problems(element_spec: Any, feature_names: Optional[Mapping[str, str]] =
     problems = []
     for name, spec in _walk(element_spec, ""):
         short = (feature_names or {}).get(name) or name.split(".")[-1].split("[")[0]
+        tokens = (isinstance(spec, (tf.TensorSpec, tf.SparseTensorSpec, tf.RaggedTensorSpec))
+                  and spec.dtype.is_integer and spec.shape.rank == 2)  # [batch, length]: a token sequence
         if isinstance(spec, (tf.SparseTensorSpec, tf.RaggedTensorSpec)):
-            problems.append(
-                f"feature '{name}' is {type(spec).__name__} {spec}: TPUs need dense tensors; "
-                "densify and pad it to a fixed length (FixedLenFeature, or pad in a preprocessing op)"
-            )
+            fix = (SEQUENCE_FIX.replace("NAME", short) if tokens else
+                   "densify and pad it to a fixed length (FixedLenFeature, or pad in a preprocessing op)")
+            problems.append(f"feature '{name}' is {type(spec).__name__} {spec}: TPUs need dense tensors; {fix}")
             continue
         if not isinstance(spec, tf.TensorSpec):
             problems.append(f"feature '{name}' has spec {spec!r}, which is not a dense tensor")
@@ -58,6 +62,7 @@ def tpu_problems(element_spec: Any, feature_names: Optional[Mapping[str, str]] =
             fix = (
                 "batch with drop_remainder=true (data.drop_remainder) so every batch has the same size"
                 if dims == [0]
+                else SEQUENCE_FIX.replace("NAME", short) if tokens and dims == [1]
                 else "give it a fixed size (e.g. op resize / center_crop for images, or a fixed-length feature)"
             )
             problems.append(f"feature '{name}' has dynamic shape {spec.shape} (dtype {spec.dtype.name}): {fix}")

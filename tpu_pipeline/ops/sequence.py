@@ -1,0 +1,187 @@
+"""Built-in ops on token sequences: truncate, lm_shift, append, prepend, tokenize_bytes.
+
+Each reads a 1-D tensor per example (a `kind: ragged` feature as parsed, a `kind: sequence` feature
+list of scalars, or another op's output) and writes 1-D tensors, with TensorFlow ops only, inside
+the pipeline's map. Token id 0 is a real token: no op here looks at a value to find padding or a
+length (seqio's packer counts non-zero tokens and so cannot hold id 0; MaxText pads with -1 for
+that reason). Padding, bucketing and packing to a static length come after these ops (`data.sequence`).
+
+Order matters and is the config's: truncate to `length - 1`, then append EOS, so the EOS survives;
+`lm_shift` before packing (as MaxText does), so no target crosses from one packed example to the next.
+
+These ops are not batchable: a batch parsed as a whole holds `[B, None]` RaggedTensors, and a
+dense `[B, L]` batch cannot be told apart from one example's `[T, d]` feature list, so an op that
+cut "the last axis" could cut the wrong one silently. A pipeline that uses them parses its records
+one at a time (the plan's `auto` does so; `data.parse: batched` is refused with the op named).
+
+Argument values are checked when the factory runs (pipeline build): a bad one is a one-line
+ConfigError naming `data.preprocess[i]`, the op and the argument. What the feature is (its rank and
+dtype) is checked when the map is traced, from the static shape, also before anything runs.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.ops._util import feature
+from tpu_pipeline.ops.registry import register_op
+
+BYTE_OFFSET = 3  # tokenize_bytes: ids 0, 1, 2 stay free for padding, EOS and UNK/BOS (ByT5's layout: 259 ids)
+_KEEP = ("head", "tail")
+
+
+def _refused(message: str) -> ConfigError:
+    """A ConfigError raised while the map is traced, kept one line: AutoGraph would otherwise re-raise it
+    with its "in user code:" trace in the message (`ag_pass_through` is how it lets an error pass)."""
+    error = ConfigError(message)
+    error.ag_pass_through = True
+    return error
+
+
+def _feature(features: dict[str, Any], key: str, op: str) -> Any:
+    """features[key]; a missing one is `_util.feature`'s error, kept one line."""
+    try:
+        return feature(features, key, op)
+    except ConfigError as error:
+        raise _refused(str(error)) from None
+
+
+def _int(value: Any, op: str, arg: str, minimum: Optional[int] = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+        need = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise ConfigError(f"op '{op}': {arg} must be {need}, got {value!r}")
+    return value
+
+
+def _name(value: Any, op: str, arg: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"op '{op}': {arg} must be a feature name (a non-empty string), got {value!r}")
+    return value
+
+
+def _sequence(features: dict[str, Any], key: str, op: str, integer: bool = False) -> tf.Tensor:
+    """features[key], refused (ConfigError, at trace time) when its static shape or dtype says it is
+    not a 1-D sequence (of integers, with `integer`)."""
+    value = _feature(features, key, op)
+    what = f"op '{op}': feature '{key}'"
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+        raise _refused(f"{what} is a {type(value).__name__} (a batch?): this op takes one example's 1-D tensor; "
+                       "use data.parse: per_example (or auto)")
+    rank = value.shape.rank
+    if rank is not None and rank != 1:
+        fix = ("use tokenize_bytes for text" if value.dtype == tf.string and rank == 0 else
+               "give the feature kind: ragged (or a scalar per step for kind: sequence)")
+        raise _refused(f"{what} has shape {value.shape} ({value.dtype.name}), not a 1-D sequence; {fix}")
+    if integer and not value.dtype.is_integer:
+        raise _refused(f"{what} is {value.dtype.name}, not integer token ids; tokenize it first "
+                       "(e.g. op tokenize_bytes), or set the op's key")
+    return value
+
+
+def _writes(op: str, key: str, out_key: Optional[str], fn: Callable[[tf.Tensor], tf.Tensor],
+            integer: bool = False) -> Callable:
+    """The op: features[out_key or key] = fn(features[key]), key checked to be a 1-D sequence."""
+    _name(key, op, "key")
+    target = key if out_key is None else _name(out_key, op, "out_key")
+
+    def apply(features, seed=None):
+        return {**features, target: fn(_sequence(features, key, op, integer))}
+
+    return apply
+
+
+@register_op("truncate")
+def truncate(max_length: int, keep: str = "head", key: str = "tokens", out_key: Optional[str] = None):
+    """At most `max_length` tokens: the first ones (keep: head) or the last ones (keep: tail).
+    Shorter sequences, the empty one included, are left as they are."""
+    length = _int(max_length, "truncate", "max_length", minimum=1)
+    if keep not in _KEEP:
+        raise ConfigError(f"op 'truncate': keep must be head or tail, got {keep!r}")
+    if keep == "head":
+        return _writes("truncate", key, out_key, lambda tokens: tokens[:length])
+    return _writes("truncate", key, out_key, lambda tokens: tokens[-length:])  # [-n:] of a shorter one is all of it
+
+
+@register_op("lm_shift")
+def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str = "targets", keep: bool = False):
+    """Next-token pairs: `inputs = tokens[:-1]`, `targets = tokens[1:]` (n tokens give n - 1 pairs; 0 or 1 token,
+    none). `key` is removed unless `keep: true`. Shift before packing, so no target crosses examples."""
+    op = "lm_shift"
+    key = _name(key, op, "key")
+    inputs_key, targets_key = _name(inputs_key, op, "inputs_key"), _name(targets_key, op, "targets_key")
+    if inputs_key == targets_key:
+        raise ConfigError(f"op 'lm_shift': inputs_key and targets_key are both {inputs_key!r}; give two names")
+    if not isinstance(keep, bool):
+        raise ConfigError(f"op 'lm_shift': keep must be true or false (keep the feature {key!r}), got {keep!r}")
+    if keep and key in (inputs_key, targets_key):
+        raise ConfigError(f"op 'lm_shift': keep: true keeps {key!r}, which is also an output name; "
+                          "set keep: false or other inputs_key/targets_key")
+
+    def apply(features, seed=None):
+        tokens = _sequence(features, key, op)
+        clash = sorted(k for k in (inputs_key, targets_key) if k in features and k != key)
+        if clash:
+            raise _refused(f"op 'lm_shift': feature(s) {clash} exist already and would be overwritten; set "
+                           "inputs_key/targets_key to other names (or drop them with op keep)")
+        out = {k: v for k, v in features.items() if keep or k != key}
+        out[inputs_key], out[targets_key] = tokens[:-1], tokens[1:]
+        return out
+
+    return apply
+
+
+def _edge(op: str, id: int, key: str, out_key: Optional[str], at_end: bool) -> Callable:
+    token = _int(id, op, "id")
+
+    def fn(tokens: tf.Tensor) -> tf.Tensor:
+        limits = tokens.dtype.min, tokens.dtype.max
+        if not limits[0] <= token <= limits[1]:
+            raise _refused(f"op '{op}': id {token} does not fit the feature '{key}' ({tokens.dtype.name}); "
+                           f"give an id in {limits[0]}..{limits[1]}")
+        edge = tf.constant([token], dtype=tokens.dtype)
+        return tf.concat([tokens, edge] if at_end else [edge, tokens], axis=0)
+
+    return _writes(op, key, out_key, fn, integer=True)
+
+
+@register_op("append")
+def append(id: int, key: str = "tokens", out_key: Optional[str] = None):
+    """Adds token `id` at the end (an EOS); an empty sequence becomes [id]."""
+    return _edge("append", id, key, out_key, at_end=True)
+
+
+@register_op("prepend")
+def prepend(id: int, key: str = "tokens", out_key: Optional[str] = None):
+    """Adds token `id` at the start (a BOS); an empty sequence becomes [id]."""
+    return _edge("prepend", id, key, out_key, at_end=False)
+
+
+@register_op("tokenize_bytes")
+def tokenize_bytes(offset: int = BYTE_OFFSET, key: str = "text", out_key: Optional[str] = None):
+    """A string's UTF-8 bytes as int32 ids `byte + offset` (a byte-level vocabulary of 256 + offset ids, no
+    dependency). The default offset 3 keeps ids 0, 1, 2 free for padding, EOS and one more special id (UNK
+    or BOS): ByT5's layout, so a pad value of 0 never collides with a byte.
+
+    `tf.io.decode_raw` reads the bytes in one op: on a 2 KB string it added ~1 us per element to an
+    identity map (2-core CPU, TF 2.21), where `tf.strings.bytes_split` followed by a decode or a lookup
+    table added ~85 us.
+    """
+    op = "tokenize_bytes"
+    shift = _int(offset, op, "offset", minimum=0)
+    if shift > (1 << 31) - 256:
+        raise ConfigError(f"op 'tokenize_bytes': offset {shift} pushes byte ids past int32; use a smaller one")
+    _name(key, op, "key")
+    target = key if out_key is None else _name(out_key, op, "out_key")
+
+    def apply(features, seed=None):
+        text = _feature(features, key, op)
+        composite = isinstance(text, (tf.RaggedTensor, tf.SparseTensor))
+        if composite or text.dtype != tf.string or text.shape.rank not in (0, None):
+            raise _refused(f"op 'tokenize_bytes': feature '{key}' is {text.dtype.name} with shape {text.shape}, not "
+                           "one string per example; give it dtype: string and shape [] (or set the op's key)")
+        ids = tf.cast(tf.io.decode_raw(text, tf.uint8), tf.int32) + shift
+        return {**features, target: tf.reshape(ids, [-1])}
+
+    return apply
