@@ -35,6 +35,7 @@ from tpu_pipeline.config.data import (
 )
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.bad_records import SkipReport, check_files
+from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
@@ -99,6 +100,10 @@ class Pipeline:
     check_tpu: bool = False
     plan: Optional[Plan] = None
     skipped: Optional[SkipReport] = None  # with data.on_error=skip: the records left out, by kind and file
+    # From `from_config`: what naming a data error scans (None: a pipeline of Python parts, nothing to scan).
+    config: Optional[DataConfig] = dataclasses.field(default=None, repr=False, compare=False)
+    prefix: str = "data"  # the config key errors name (data, eval_data)
+    num_classes: Optional[int] = None
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0) -> tf.data.Dataset:
         """The dataset of one input pipeline; `start`: examples it delivered before (a resume).
@@ -222,6 +227,29 @@ class Pipeline:
         """An iterator over global steps of `strategy`'s distributed dataset, saved and restored by position."""
         return DistributedPipelineIterator(self, strategy)
 
+    def naming_data_errors(self) -> NamingDataErrors:
+        """A context manager that turns TensorFlow's anonymous data errors raised inside it into one line
+        naming the file and record at fault, and the fix:
+
+            with pipeline.naming_data_errors():
+                model.fit(pipeline.distribute(strategy), epochs=1, steps_per_epoch=10)
+
+            with pipeline.naming_data_errors():
+                for batch in pipeline.build():
+                    ...
+
+        With `data.on_error: raise`, a damaged record (a JPEG that does not decode, a bad CRC, a missing
+        feature) fails inside TF with no file named (`jpeg::Uncompress failed ... [[{{node DecodeJpeg}}]]`).
+        On such an error (`InvalidArgumentError`, `DataLossError`, `FailedPreconditionError`) this scans
+        the pipeline's files with `verify`'s checks, stopping at the first fault (the error path pays,
+        the fast path is untouched), and raises `DataError` (`from None`):
+        `data: FILE, record N (byte B): what is wrong; the fix (TensorFlow said: ...); list every fault
+        with: tpu-pipeline verify --config ...`. Every other exception, and a data error whose fault the
+        scan does not find (or a pipeline not built by `from_config`), passes through unchanged.
+        `iterator()` and `distributed_iterator()` do this themselves.
+        """
+        return NamingDataErrors(self.config, self.prefix, self.num_classes, self.source)
+
     def for_evaluation(self) -> "Pipeline":
         """This pipeline for exact evaluation: every record of one pass, split between input pipelines
         without leaving any out; the last batch padded and later steps filled with zero-weight
@@ -284,7 +312,8 @@ class Pipeline:
         if plan.features.value and isinstance(source, RecordFileSource) and skipped is None:
             check_first_record(source, plan.features.value, prefix)
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),
-                   check_tpu=target == "tpu", plan=plan, skipped=skipped)
+                   check_tpu=target == "tpu", plan=plan, skipped=skipped, config=config, prefix=prefix,
+                   num_classes=num_classes)
 
 
 def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: str,

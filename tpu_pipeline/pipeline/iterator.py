@@ -13,6 +13,14 @@ records already delivered, unparsed. tf.data's own iterator checkpoint saves who
 instead, and under a strategy was long not checkpointable at all.
 
 Count on `next` being called eagerly (outside `tf.function`): the position counts Python calls.
+
+A damaged record fails inside TF with no file named (`jpeg::Uncompress failed`, `corrupted record
+at N`, a feature `required but could not be found`). `next` turns those errors (`DATA_ERRORS` of
+`tpu_pipeline.pipeline.data_errors`) into one `DataError` line naming the file, the record and the
+fix, found by a scan of the pipeline's files that stops at the first fault (`Pipeline.naming_data_errors`,
+the same context manager a user's own loop or `model.fit` can use); the end of the data
+(`StopIteration`) and every other exception pass unchanged, and so does a data error of a pipeline
+built without a config (nothing to scan).
 """
 from __future__ import annotations
 
@@ -71,7 +79,8 @@ class _PositionIterator(tf.Module):
         return self
 
     def __next__(self) -> Any:
-        element = next(self._live())
+        with self._pipeline.naming_data_errors():  # TF's data errors name no file: these name it
+            element = next(self._live())
         self._box.delivered += 1
         self.position.assign_add(1)
         return element

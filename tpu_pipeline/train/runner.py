@@ -21,18 +21,16 @@ from tpu_pipeline.cluster import ClusterInfo, resolve
 from tpu_pipeline.cluster.coordination import CoordinationService
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.errors import ClusterError, ConfigError, DataError, TpuPipelineError
+from tpu_pipeline.errors import ClusterError, ConfigError
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.pipeline.record_check import tf_message
 from tpu_pipeline.train.callbacks import Checkpointer, ProgressLogger, TrainState
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
-from tpu_pipeline.verify import first_fault
 
-# What reading, parsing or decoding bad data raises (a short file fails assert_cardinality).
-_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError)
 # What a collective raises when a peer worker died or hung up.
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.InternalError, tf.errors.AbortedError,
                 tf.errors.DeadlineExceededError, tf.errors.CancelledError)
@@ -268,18 +266,14 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
 
 def _explained(config: Config, error: Exception) -> Exception:
     """A DataError naming the file and record of a fault in the data, found by scanning the sources
-    (`verify`'s checks, stopping at the first fault); the original error when none is found."""
+    (`pipeline.data_errors`: verify's checks, stopping at the first fault); the original error when none is found."""
     for prefix in ("data", "eval_data"):
         data = getattr(config, prefix)
         if data is None:
             continue
-        try:
-            fault = first_fault(data, prefix, config.train.num_classes)
-        except TpuPipelineError:
-            continue
-        if fault is not None:
-            return DataError(f"{prefix}: {fault.line()} (TensorFlow said: {tf_message(error)}); "
-                             "list every fault with: tpu-pipeline verify --config ...")
+        named = named_data_error(error, data, prefix, config.train.num_classes)
+        if named is not None:
+            return named
     return error
 
 
