@@ -209,7 +209,7 @@ def test_a_restored_iterator_delivers_exactly_the_rest_of_the_stream(tmp_path, d
         read = lambda batch: {key: value.numpy() for key, value in batch.items()}  # noqa: E731
         full = batches(Pipeline.from_config(config).build())
         make = lambda: Pipeline.from_config(config).iterator()  # noqa: E731
-        positions = (0, 1, 3, 4, 11)  # also an epoch's last batch and the last one
+        positions = (0, 1, 3, 4, 11, 12)  # also an epoch's last batch, the last one, and after the end
     assert len(full) == 3 * 4 and sorted(int(i) for batch in full[:4] for i in batch["id"]) == list(range(128))
     for k, rest in restored_rests(make, positions, tmp_path, read).items():
         assert [b["id"].tolist() for b in rest[:1]] == [b["id"].tolist() for b in full[k:k + 1]], \

@@ -217,7 +217,8 @@ class Repeat:
         end = None if self.count is None else self.count
         if head is not None or first:
             if end is not None and first >= end:
-                raise ValueError(f"cannot start at epoch {first} of {end}")
+                # Resumed after the last example (a checkpoint at the end of the data): nothing is left.
+                return one_epoch(tf.constant(end - 1, tf.int64)).take(0)
             head = head or (lambda dataset: dataset)
             if differ and self.count != 1:
                 # Built inside a function, as the uninterrupted stream builds this epoch: the
