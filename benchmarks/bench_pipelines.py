@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 from typing import Callable
 
@@ -49,6 +50,9 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated pipelines to leave out")
     parser.add_argument("--variant", action="append", default=[], help="NAME:key=value,key=value (extra 'ours' pipelines)")
     parser.add_argument("--json", default=None, help="write all measurements here")
+    parser.add_argument("--isolate", action="store_true",
+                        help="measure each pipeline of each round in a fresh process (no shared TF runtime or warm caches)")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # --isolate's child: measure this one, print JSON
     args = parser.parse_args()
 
     workload = workloads.workload({"w1": "w1_images", "w2": "w2_small"}[args.workload], args.cache_dir)
@@ -76,11 +80,24 @@ def main() -> None:
     for name in filter(None, args.skip.split(",")):
         pipelines.pop(name)
 
+    if args.one is not None:
+        print("RESULT " + json.dumps(timed(pipelines[args.one], workload.batch_size, args.seconds, warmup)))
+        return
+
+    def measure(name: str) -> dict:
+        if not args.isolate:
+            return timed(pipelines[name], workload.batch_size, args.seconds, warmup)
+        command = [sys.executable, os.path.abspath(__file__), "--one", name, "--workload", args.workload,
+                   "--seconds", str(args.seconds)] + (["--cache_dir", args.cache_dir] if args.cache_dir else [])
+        command += [f"--variant={variant}" for variant in args.variant]
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        return json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+
     rounds: list[dict[str, dict]] = []
     names = list(pipelines)
     for index in range(args.rounds):
         order = names[index % len(names):] + names[: index % len(names)]
-        results = {name: timed(pipelines[name], workload.batch_size, args.seconds, warmup) for name in order}
+        results = {name: measure(name) for name in order}
         rounds.append(results)
         print(f"round {index + 1}: " + ", ".join(f"{n} {results[n]['examples_per_sec']:,.0f}/s" for n in names), flush=True)
 
