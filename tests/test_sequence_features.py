@@ -4,18 +4,23 @@ on real TFRecord files read through `Pipeline.from_config`.
 Token id 0 is a real token everywhere here: every data set holds some, and none may be lost or taken
 for padding. Batching sequences of different lengths is the next stage's job (`data.sequence`), so
 pipelines here batch one example (or parse whole batches, which keeps the rows ragged).
+
+The ops take one example's 1-D tensor or a ragged batch `[B, None]` (a whole batch parsed at once), and
+each row of the batch must come out as that example would alone: checked on random rows (lengths and
+ids 0 included) and on real TFRecord bytes through the batched parser.
 """
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.config.data import OpConfig
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.ops import build_ops
+from tpu_pipeline.ops import build_ops, get_op
 from tpu_pipeline.pipeline import Pipeline, make_parser, tpu_problems
 
 ROWS = [[0, 5, 0, 7], [], [9], [0], [1, 2, 3, 4, 5, 6], [0, 0, 0]]  # ids 0 kept, an empty and a length-1 row
@@ -103,7 +108,7 @@ def test_cast_int64_keeps_the_stored_dtype(token_file):
     config = token_config(token_file, parse="per_example")
     config["features"]["tokens"]["cast"] = "int64"
     spec = pipeline_of(config).build().element_spec["tokens"]
-    assert spec == tf.TensorSpec([1, None], tf.int64)
+    assert spec == tf.RaggedTensorSpec([1, None], tf.int64, 1, tf.int64)  # no data.sequence: batches stay ragged
     assert [e["tokens"] for e in examples(config)] == ROWS
 
 
@@ -151,7 +156,7 @@ def sequence_config(files: str, **overrides) -> dict:
 
 def test_sequence_examples_parse_their_feature_lists_and_context(sequence_file):
     config = sequence_config(sequence_file, parse="per_example")
-    assert pipeline_of(config).build().element_spec["tokens"] == tf.TensorSpec([1, None], tf.int32)
+    assert pipeline_of(config).build().element_spec["tokens"] == tf.RaggedTensorSpec([1, None], tf.int32, 1, tf.int64)
     got = examples(config)
     assert [e["tokens"] for e in got] == ROWS and [e["id"] for e in got] == list(range(len(ROWS)))
 
@@ -269,10 +274,158 @@ def test_tokenize_bytes_round_trips_utf8_text_through_a_pipeline(tmp_path):
     assert [bytes(e["tokens"]).decode("utf-8") for e in examples(config)] == TEXTS
 
 
-def test_the_sequence_ops_make_the_pipeline_parse_examples_one_by_one(token_file):
-    config = token_config(token_file, preprocess=[{"op": "truncate", "max_length": 2}], parse="batched")
-    with pytest.raises(ConfigError, match=r"data.parse=batched .* data.preprocess\[0\] \(truncate\) works on single"):
-        pipeline_of(config)
+# --- the ops on ragged batches: each row as its example alone -------------------------------------------------------
+
+def apply_ops(fns):
+    def apply(features):
+        for fn in fns:
+            features = fn(features, None)
+        return features
+
+    return apply
+
+
+def one_by_one(ops: list[dict], columns: dict) -> list[dict]:
+    """The ops on each example alone (1-D tensors, or scalar strings), in a traced map."""
+    fns, _ = build_ops([OpConfig.model_validate(op) for op in ops])
+    dataset = tf.data.Dataset.from_tensor_slices(columns).map(apply_ops(fns))
+    return [{k: v.numpy().tolist() for k, v in e.items()} for e in dataset]
+
+
+def as_one_batch(ops: list[dict], columns: dict) -> list[dict]:
+    """The ops on the whole batch at once (a [B, None] RaggedTensor, or a [B] vector of strings), in a traced
+    map; the rows come back as one dict per example."""
+    fns, _ = build_ops([OpConfig.model_validate(op) for op in ops])
+    (batch,) = list(tf.data.Dataset.from_tensors(columns).map(apply_ops(fns)))
+    assert all(isinstance(v, tf.RaggedTensor) and v.shape.rank == 2 and v.ragged_rank == 1 for v in batch.values())
+    rows = {k: v.to_list() for k, v in batch.items()}
+    return [{k: rows[k][i] for k in rows} for i in range(len(next(iter(rows.values()))))]
+
+
+def random_rows(seed: int, count: int = 24) -> list[list[int]]:
+    """Lengths 0..9 (several empty rows), ids 0..3 (many zeros)."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(0, 4, size=int(n)).tolist() for n in rng.integers(0, 10, size=count)]
+    return rows + [[], [0], [0, 0]]
+
+
+OP_CHAINS = [
+    [{"op": "truncate", "max_length": 3}],
+    [{"op": "truncate", "max_length": 3, "keep": "tail"}],
+    [{"op": "truncate", "max_length": 1, "keep": "tail", "out_key": "last"}],
+    [{"op": "lm_shift"}],
+    [{"op": "lm_shift", "inputs_key": "x", "targets_key": "y", "keep": True}],
+    [{"op": "append", "id": 0}],
+    [{"op": "prepend", "id": 2}, {"op": "append", "id": 1, "out_key": "with_eos"}],
+    [{"op": "truncate", "max_length": 4}, {"op": "append", "id": 1}, {"op": "lm_shift"}],  # the usual LM chain
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("splits", [tf.int32, tf.int64])  # parse_example gives int32 row splits, tf.ragged int64
+@pytest.mark.parametrize("ops", OP_CHAINS, ids=lambda ops: "+".join(op["op"] for op in ops))
+def test_an_op_on_a_ragged_batch_gives_each_row_what_its_example_gets_alone(ops, splits, seed):
+    rows = random_rows(seed)
+    assert [] in rows and any(0 in row for row in rows)
+    dtype = tf.int64 if seed else tf.int32
+    tokens = tf.ragged.constant(rows, dtype=dtype, ragged_rank=1, row_splits_dtype=splits)
+    alone = one_by_one(ops, {"tokens": tokens})
+    batched = as_one_batch(ops, {"tokens": tokens})
+    assert batched == alone and len(batched) == len(rows)
+
+
+@pytest.mark.parametrize("offset", [3, 0])
+def test_tokenize_bytes_on_a_batch_of_strings_gives_a_ragged_row_per_string(offset):
+    rng = np.random.default_rng(2)
+    texts = TEXTS + ["".join(rng.choice(list("ab\x00é日🙂 "), size=int(n))) for n in rng.integers(0, 40, size=12)]
+    columns = {"text": tf.constant([t.encode("utf-8") for t in texts])}
+    ops = [{"op": "tokenize_bytes", "offset": offset, "out_key": "tokens"}, {"op": "append", "id": 1},
+           {"op": "keep", "keys": ["tokens"]}]
+    batched = as_one_batch(ops, columns)
+    assert batched == one_by_one(ops, columns)
+    assert [bytes(i - offset for i in e["tokens"][:-1]).decode("utf-8") for e in batched] == texts
+
+
+def test_tokenize_bytes_on_an_empty_batch_and_a_batch_of_empty_strings():
+    fns, _ = build_ops([OpConfig.model_validate({"op": "tokenize_bytes"})])
+    for texts in ([], [b"", b""]):
+        out = tf.function(lambda t: fns[0]({"text": t}))(tf.constant(texts, tf.string, shape=[len(texts)]))["text"]
+        assert isinstance(out, tf.RaggedTensor) and out.dtype == tf.int32 and out.to_list() == [[] for _ in texts]
+
+
+@pytest.mark.parametrize("op", [{"op": "truncate", "max_length": 2}, {"op": "lm_shift"}, {"op": "append", "id": 1},
+                                {"op": "prepend", "id": 1}])
+def test_a_dense_rank_2_batch_is_refused_in_one_line(op):
+    """[B, L] (a padded batch: its 0s look like tokens) and one example's [T, d] feature list look alike."""
+    fns, _ = build_ops([OpConfig.model_validate(op)])
+    for dense in (tf.zeros([4, 6], tf.int32), tf.TensorSpec([None, None], tf.int32)):
+        with pytest.raises(ConfigError) as error:
+            tf.function(lambda t: fns[0]({"tokens": t})).get_concrete_function(dense)
+        message = str(error.value)
+        assert "\n" not in message, message
+        assert f"op '{op['op']}': feature 'tokens' has shape" in message, message
+        assert "a sequence op takes one example's 1-D ids or a ragged batch [B, None]" in message, message
+    deeper = tf.RaggedTensor.from_row_lengths(tf.zeros([6, 2], tf.int32), [4, 2])  # [B, None, 2]: no row of ids
+    with pytest.raises(ConfigError, match=r"is a RaggedTensor of shape \(2, None, 2\) .*ragged batch \[B, None\]"):
+        fns[0]({"tokens": deeper})
+
+
+def test_the_sequence_ops_are_batchable_so_the_plan_may_parse_whole_batches():
+    """The plan's `auto` parses whole batches when every op is batchable (whether data.sequence lets it is the
+    plan's business); the ops then meet [B, None] RaggedTensors, as the tests below feed them."""
+    for name in ("truncate", "lm_shift", "append", "prepend", "tokenize_bytes"):
+        assert get_op(name).batchable, name
+
+
+def test_without_data_sequence_the_plan_parses_whole_batches_for_a_ragged_feature_and_the_sequence_ops(token_file):
+    ops = [{"op": "truncate", "max_length": 3}, {"op": "append", "id": 1}, {"op": "lm_shift"}]
+    pipeline = pipeline_of(token_config(token_file, batch_size=len(ROWS), preprocess=ops))
+    assert pipeline.plan.parse.value == "batched" and pipeline.plan.ops_batchable
+    (batch,) = list(pipeline.build())
+    assert set(batch) == {"inputs", "targets", "id"} and isinstance(batch["inputs"], tf.RaggedTensor)
+    assert batch["inputs"].to_list() == [(row[:3] + [1])[:-1] for row in ROWS]
+    assert batch["targets"].to_list() == [(row[:3] + [1])[1:] for row in ROWS]
+
+
+@pytest.mark.parametrize("kind", ["ragged", "sequence"])
+def test_batched_parse_then_the_ops_on_real_records_equal_the_per_example_path(tmp_path, kind):
+    """Serialized tf.Examples (or SequenceExamples) batched as bytes, parsed with one call and transformed as a
+    ragged batch, against the same records parsed and transformed one at a time."""
+    rows = random_rows(3, count=37)
+    records = token_examples(rows) if kind == "ragged" else sequence_examples(rows)
+    path = write_records(str(tmp_path / f"{kind}.tfrecord"), records)
+    features = config_from_dict({"data": token_config(path, features={
+        "tokens": {"dtype": "int64", "kind": kind}, "id": {"dtype": "int64"}})}).data.features
+    ops = [OpConfig.model_validate(op) for op in
+           [{"op": "prepend", "id": 2}, {"op": "truncate", "max_length": 5}, {"op": "append", "id": 0},
+            {"op": "lm_shift", "keep": True}]]
+    fns, _ = build_ops(ops)
+    batched_parse, single_parse = make_parser(features, batched=True), make_parser(features)
+    records = tf.data.TFRecordDataset(path)
+
+    got = []
+    for batch in records.batch(8).map(lambda serialized: apply_ops(fns)(batched_parse(serialized))):
+        assert isinstance(batch["tokens"], tf.RaggedTensor) and batch["tokens"].dtype == tf.int32
+        lists = {k: v.to_list() if isinstance(v, tf.RaggedTensor) else v.numpy().tolist() for k, v in batch.items()}
+        got += [{k: lists[k][i] for k in lists} for i in range(len(lists["id"]))]
+    alone = [{k: v.numpy().tolist() for k, v in e.items()}
+             for e in records.map(lambda serialized: apply_ops(fns)(single_parse(serialized)))]
+    assert got == alone and len(got) == len(rows)
+    assert [e["inputs"] for e in got] == [([2] + row)[:5] for row in rows]
+    assert [e["targets"] for e in got] == [([2] + row)[:5][1:] + [0] for row in rows]
+
+
+def test_tokenize_bytes_on_a_batch_parsed_at_once_through_a_pipeline(tmp_path):
+    records = [tf.train.Example(features=tf.train.Features(feature={
+        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode("utf-8")]))})) for text in TEXTS]
+    path = write_records(str(tmp_path / "text.tfrecord"), records)
+    config = token_config(path, features={"text": {"dtype": "string"}}, batch_size=len(TEXTS),
+                          preprocess=[{"op": "tokenize_bytes", "out_key": "tokens"}, {"op": "keep", "keys": ["tokens"]}])
+    pipeline = pipeline_of(config)
+    assert pipeline.plan.parse.value == "batched"
+    (batch,) = list(pipeline.build())
+    assert isinstance(batch["tokens"], tf.RaggedTensor) and batch["tokens"].dtype == tf.int32
+    assert [bytes(i - 3 for i in row).decode("utf-8") for row in batch["tokens"].to_list()] == TEXTS
 
 
 # --- bad arguments: one line naming the op and the argument ------------------------------------------------------
@@ -302,7 +455,7 @@ def test_bad_op_arguments_are_one_line_errors_at_build(token_file, op, fragments
 
 @pytest.mark.parametrize("features, op, fragments", [
     ({"text": {"dtype": "string"}}, {"op": "truncate", "key": "text", "max_length": 2},
-     ["op 'truncate': feature 'text' has shape ()", "not a 1-D sequence; use tokenize_bytes"]),
+     ["op 'truncate': feature 'text' has shape ()", "not a 1-D sequence", "; use tokenize_bytes for text"]),
     ({"tokens": {"dtype": "float32", "kind": "ragged"}}, {"op": "append", "id": 1},
      ["op 'append': feature 'tokens' is float32, not integer token ids"]),
     ({"tokens": {"dtype": "int64", "kind": "ragged"}}, {"op": "append", "id": 1 << 40},
@@ -314,7 +467,8 @@ def test_bad_op_arguments_are_one_line_errors_at_build(token_file, op, fragments
     ({"tokens": {"dtype": "int64", "kind": "ragged"}}, {"op": "truncate", "max_length": 2, "key": "text"},
      ["op 'truncate': feature 'text' does not exist at this point of the pipeline; features here: tokens"]),
     ({"tokens": {"dtype": "int64", "shape": [2, 2]}}, {"op": "truncate", "max_length": 1},
-     ["op 'truncate': feature 'tokens' has shape (2, 2)", "not a 1-D sequence"]),
+     ["op 'truncate': feature 'tokens' has shape (2, 2)", "not a 1-D sequence",
+      "a sequence op takes one example's 1-D ids or a ragged batch [B, None]"]),
 ])
 def test_an_op_on_a_feature_it_cannot_take_is_refused_at_build(tmp_path, features, op, fragments):
     path = write_records(str(tmp_path / "x.tfrecord"), [tf.train.Example()])

@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.sequence import Bucket, PadTo, bucket_batches, strip_meta
+from tpu_pipeline.pipeline.sequence import Bucket, PadTo, bucket_batches
+from tpu_pipeline.pipeline.stages import split_position
 
 
 def token_dataset(lengths) -> tf.data.Dataset:
@@ -43,7 +44,7 @@ def bucket_outputs(lengths, context, **kwargs):
     stage = Bucket(keys=["tokens"], window=kwargs.pop("window", 16), lengths={"tokens": 32},
                    bucket_lengths=kwargs.pop("bucket_lengths", [8, 16, 32]), global_batch_size=kwargs.pop("batch", 8),
                    overflow=kwargs.pop("overflow", "error"), **kwargs)
-    return [strip_meta({k: v.numpy() for k, v in out.items()}) for out in stage.apply(token_dataset(lengths), context)]
+    return [split_position({k: v.numpy() for k, v in out.items()}) for out in stage.apply(token_dataset(lengths), context)]
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 4])

@@ -10,6 +10,7 @@ from typing import Any, Literal, Optional, Union
 import pydantic
 
 from tpu_pipeline.config.base import StrictModel
+from tpu_pipeline.config.sequence import SequenceConfig
 from tpu_pipeline.errors import ConfigError
 
 AUTOTUNE = "autotune"
@@ -329,6 +330,10 @@ class DataConfig(StrictModel):
         "contents), bad ones are left out, counted by kind and file, and logged once each"
     )
     service: ServiceConfig = ServiceConfig()
+    sequence: Optional[SequenceConfig] = pydantic.Field(
+        None, description="variable-length token features into static [batch, length] tensors: pad, bucket or "
+        "pack (docs/sequences.md); needed for features of kind ragged or sequence"
+    )
     max_skipped: Union[pydantic.NonNegativeInt, pydantic.confloat(ge=0.0, lt=1.0)] = pydantic.Field(
         0.01, description="with on_error: skip, the most records that may be left out: a count (an int) or a "
         "fraction of all records (a float below 1); more is an error"
@@ -366,6 +371,9 @@ class DataConfig(StrictModel):
                 f"{prefix}.features: a tfrecord source needs a feature spec, e.g. "
                 "{image: {dtype: string}, label: {dtype: int64}} (or use source.dir, whose metadata.json holds it)"
             )
+        if self.sequence is not None and self.sequence.mode == "bucket" and not self.drop_remainder:
+            raise ConfigError(f"{prefix}.drop_remainder=false: bucket mode pads each bucket's last batches with "
+                              "zero-mask examples instead; remove drop_remainder")
         if isinstance(self.source, TFDSSourceConfig) and self.features:
             raise ConfigError(
                 f"{prefix}.features: a tfds source yields decoded features, there is nothing to parse; remove "

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.config.data import (
-    ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig, service_host_port,
+    SEQUENCE_KINDS, ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig, service_host_port,
 )
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.bad_records import SkipReport, check_files
@@ -40,15 +40,16 @@ from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline import seeds
-from tpu_pipeline.pipeline.plan import Plan, make_plan
+from tpu_pipeline.pipeline.plan import Plan, SequencePlan, make_plan
 from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.source import RecordFileSource, Source
 from tpu_pipeline.pipeline.spec_check import check_features, first_record
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
+from tpu_pipeline.pipeline.sequence import Bucket, PackRows, Windowed, pad_batch, pad_example
 from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, MapFeatures, PadToSteps, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
-    per_replica_batch_size,
+    Batch, Cache, MapFeatures, PadToSteps, Prefetch, Repeat, Shuffle, SplitPosition, ToOutputs, WindowShuffle,
+    WithOptions, per_replica_batch_size,
 )
 from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
@@ -58,19 +59,22 @@ FIRST_EPOCH = 0
 
 
 def _apply(dataset: tf.data.Dataset, stages: Sequence[Any], context: tf.distribute.InputContext,
-           epoch: Optional[tf.Tensor] = None, position: int = 0) -> tf.data.Dataset:
+           epoch: Optional[tf.Tensor] = None, position: int = 0, skip: int = 0) -> tf.data.Dataset:
     """Applies `stages`; `position`: examples delivered before (a resume), for stages that number
-    their elements (per batch after a Batch stage)."""
+    their elements (per batch after a Batch stage); `skip`: outputs of a windowed stage's first
+    window delivered before."""
     unit = 1
     for stage in stages:
         if getattr(stage, "uses_epoch", False):
             dataset = stage.apply(dataset, context, epoch=epoch)
+        elif isinstance(stage, Windowed):
+            dataset = stage.apply(dataset, context, position=position // unit, skip=skip)
         elif getattr(stage, "uses_position", False):
             dataset = stage.apply(dataset, context, position=position // unit)
         else:
             dataset = stage.apply(dataset, context)
         if isinstance(stage, Batch):
-            unit = per_replica_batch_size(stage.global_batch_size, context)
+            unit = stage.size(context)
     return dataset
 
 
@@ -105,17 +109,24 @@ class Pipeline:
     prefix: str = "data"  # the config key errors name (data, eval_data)
     num_classes: Optional[int] = None
 
-    def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0) -> tf.data.Dataset:
+    def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,
+              with_position: bool = False) -> tf.data.Dataset:
         """The dataset of one input pipeline; `start`: examples it delivered before (a resume).
 
         A resumed stream is exactly the rest of the uninterrupted one: the epochs are pure
         functions of (seed, epoch, pipeline), so the pipeline rebuilds epoch start // L (L: the
         epoch length of this pipeline) and skips start % L records of it before any parse or op.
+
+        A windowed pipeline (data.sequence bucket or pack: `self.windowed`) resumes at a window:
+        `start` is that window's first example (a multiple of the window), `skip` the outputs of
+        it delivered before. `with_position`: each element comes as (element, position), the
+        position being the `_window` and `_index` of its outputs (what the iterators save).
         """
         context = input_context or tf.distribute.InputContext()
+        stages = self._stages_with_position(with_position)
         split = self.service
         if split is None:
-            dataset = self._stream(self.stages, context, start)
+            dataset = self._stream(stages, context, start, skip_outputs=skip)
         else:
             dataset = self._through_service(split, context, start)
         if self.check_tpu:
@@ -125,6 +136,22 @@ class Pipeline:
                 if isinstance(key, str)}
             check_tpu_compatible(dataset, names)
         return dataset
+
+    @property
+    def windowed(self) -> Optional[Windowed]:
+        """The bucket or pack stage (data.sequence), whose windows are the unit of a resume; None otherwise."""
+        return next((stage for stage in self.stages if isinstance(stage, Windowed)), None)
+
+    def _stages_with_position(self, with_position: bool) -> list[Any]:
+        """The stages, a windowed pipeline's position kept beside each element (`with_position`) or dropped."""
+        if self.windowed is None:
+            return list(self.stages)
+        stages = [dataclasses.replace(stage, position=with_position) if isinstance(stage, (ToOutputs, SplitPosition))
+                  else stage for stage in self.stages]
+        if not any(isinstance(stage, (ToOutputs, SplitPosition)) for stage in stages):
+            at = next((i for i, stage in enumerate(stages) if isinstance(stage, (ServiceSplit, Prefetch))), len(stages))
+            stages.insert(at, SplitPosition(with_position))
+        return stages
 
     @property
     def service(self) -> Optional[ServiceSplit]:
@@ -157,7 +184,7 @@ class Pipeline:
         return _apply(split.apply(dataset, context, first_epoch), self.stages[at + 1:], context)
 
     def _stream(self, stages: Sequence[Any], context: tf.distribute.InputContext, start: int = 0,
-                first_epoch: Optional[int] = None, salted: bool = False) -> tf.data.Dataset:
+                first_epoch: Optional[int] = None, salted: bool = False, skip_outputs: int = 0) -> tf.data.Dataset:
         """`stages` after the source, epoch by epoch; from example `start` (exactly), or from the
         beginning of `first_epoch`. `salted`: each run of the graph (each service worker) folds a
         value of its own into the epoch, hence into every per-epoch seed."""
@@ -190,7 +217,7 @@ class Pipeline:
         else:
             dataset = one_epoch(tf.constant(start_epoch, tf.int64))
             dataset = head(dataset) if head else dataset
-        return _apply(dataset, after, context, position=0 if first_epoch is not None else start)
+        return _apply(dataset, after, context, position=0 if first_epoch is not None else start, skip=skip_outputs)
 
     def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:
         """(epoch, examples of it to skip) for a stream that delivered `start` examples."""
@@ -204,10 +231,11 @@ class Pipeline:
         return divmod(start, length)
 
     def global_batch_size(self) -> int:
-        batch = next((stage for stage in self.stages if isinstance(stage, Batch)), None)
-        if batch is None:
+        """The global batch: of examples, of packed rows (pack), or each bucket's nominal batch (bucket)."""
+        batches = [stage for stage in self.stages if isinstance(stage, (Batch, Bucket)) and getattr(stage, "per_replica", True)]
+        if not batches:
             raise ConfigError("a pipeline without a batch stage has no steps to resume from")
-        return batch.global_batch_size
+        return batches[-1].global_batch_size
 
     def examples_per_batch(self, context: tf.distribute.InputContext) -> int:
         """Examples in one element of this pipeline: a replica's share of the global batch."""
@@ -373,6 +401,7 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
     pre_ops, pre_random = build_ops(config.preprocess, f"{prefix}.preprocess")
     aug_ops, aug_random = build_ops(config.augment, f"{prefix}.augment")
     features = plan.features.value
+    sequence = plan.sequence.value
     records_cached = plan.record_cache.value
     shuffling = plan.shuffle.value
     # Order is set once, for the whole pipeline, by WithOptions below; the stages inherit it.
@@ -380,7 +409,10 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
     # "auto" counts this host's cores, which says nothing of a service worker's: tf.data tunes it there.
     parallel = "autotune" if on_workers and config.num_parallel_calls == "auto" else config.num_parallel_calls
     map_args = dict(seed=config.seed, num_parallel_calls=parallel, salted=on_workers)
-    batch = Batch(config.batch_size, config.drop_remainder)
+    # Variable-length features with no data.sequence stay ragged batches (CPU models can take them; the
+    # TPU check and train name data.sequence as the fix), rather than failing inside tf.data's batch.
+    ragged = sequence is None and any(spec.kind in SEQUENCE_KINDS for spec in (features or {}).values())
+    batch = Batch(config.batch_size, config.drop_remainder, ragged=ragged)
     shuffle = Shuffle(config.shuffle.buffer_size, config.seed, config.shuffle.reshuffle_each_iteration)
     if records_cached and shuffling != "off":
         # The record cache replays the first epoch's order; a buffer as large as the data (the
@@ -399,11 +431,17 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
                 num_parallel_calls=config.num_parallel_calls,
             ))
         stages += [shuffle] if shuffling == "stream" else []
-        stages += [repeat, dataclasses.replace(batch, records=True)]
+        records = dataclasses.replace(batch, records=True)
+        if sequence is not None and sequence.window:
+            # The window is the batch of records: parsed as one ragged batch, placed as one window.
+            records = Batch(sequence.window, drop_remainder=False, records=True, per_replica=False)
+        stages += [repeat, records]
+        seq_ops, seq_random = _sequence_ops(sequence, batched=True)
         stages.append(MapFeatures(
-            ops=pre_ops + aug_ops, random_ops=pre_random + aug_random,
+            ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random,
             parse=make_parser(features, batched=True) if features else None, name="parse_batch", **map_args,
         ))
+        stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=True)
     else:
         parse = make_parser(features) if features else None
         if config.cache.enabled:
@@ -412,10 +450,12 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
             parse, pre_ops, pre_random = None, [], []
         stages += [shuffle] if shuffling == "stream" else []
         stages.append(repeat)
+        seq_ops, seq_random = _sequence_ops(sequence, batched=False)
         stages.append(MapFeatures(
-            ops=pre_ops + aug_ops, random_ops=pre_random + aug_random, parse=parse, name="preprocess_augment", **map_args
+            ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random, parse=parse,
+            name="preprocess_augment", **map_args
         ))
-        stages.append(batch)
+        stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=False) if sequence else [batch]
     if config.outputs is not None:
         stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets))
     if config.service.enabled:  # plan.service: the workers make the batches, this host prefetches them
@@ -425,6 +465,31 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
     stages.append(Prefetch(config.prefetch))
     stages.append(WithOptions(make_options(config.options.model_copy(update={"deterministic": plan.order.value}))))
     return stages
+
+
+def _sequence_ops(sequence: Optional[SequencePlan], batched: bool) -> tuple[list[Any], list[bool]]:
+    """data.sequence's pad, as one more op of the map that parses (so no element crosses threads for it)."""
+    if sequence is None or sequence.mode != "pad":
+        return [], []
+    pad = pad_batch if batched else pad_example
+    return [lambda features, seed=None: pad(features, sequence.lengths, sequence.overflow)], [False]
+
+
+def _sequence_stages(sequence: Optional[SequencePlan], batch: Batch, num_parallel_calls: Any,
+                     batched: bool) -> list[Any]:
+    """What follows the map for data.sequence: pad → the batch (already made on the batched path);
+    bucket → its batches; pack → rows, then the batch of rows."""
+    if sequence is None:
+        return []
+    keys = list(sequence.lengths)
+    if sequence.mode == "pad":
+        return [] if batched else [batch]
+    if sequence.mode == "bucket":
+        return [Bucket(keys, sequence.window, lengths=sequence.lengths, bucket_lengths=sequence.bucket_lengths,
+                       global_batch_size=batch.global_batch_size, overflow=sequence.overflow, scale=sequence.bucket_batch)]
+    overflow = sequence.overflow
+    return [PackRows(keys, sequence.window, lengths=sequence.lengths, algorithm=sequence.algorithm, overflow=overflow,
+                     num_parallel_calls=num_parallel_calls), batch]
 
 
 def build_dataset(

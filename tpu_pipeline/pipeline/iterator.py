@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.stages import POSITION_KEYS
 
 if TYPE_CHECKING:
     from tpu_pipeline.pipeline.builder import Pipeline
@@ -44,22 +45,42 @@ class _Box:
 
 
 class _PositionIterator(tf.Module):
-    """Base: a `position` variable, and a live iterator rebuilt whenever the position moves under it."""
+    """Base: a `position` variable, and a live iterator rebuilt whenever the position moves under it.
+
+    A windowed pipeline (data.sequence bucket or pack) cannot compute where step k leaves off from
+    k: how many examples a batch holds depends on the data. It saves the place itself, read from
+    the elements as they pass: `window` (the window of the last delivered output) and `in_window`
+    (outputs of that window delivered), and rebuilds there (`Pipeline.build(start=, skip=)`).
+    """
 
     def __init__(self, pipeline: "Pipeline", examples_per_batch: int, name: str) -> None:
         super().__init__(name=name)
         self._pipeline = pipeline
+        self._windowed = pipeline.windowed
         with tf.init_scope():
             self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="position",
                                         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             self.examples_per_batch = tf.Variable(examples_per_batch, dtype=tf.int64, trainable=False,
                                                   name="examples_per_batch",
                                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            if self._windowed is not None:
+                self.window = tf.Variable(0, dtype=tf.int64, trainable=False, name="window",
+                                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                self.in_window = tf.Variable(0, dtype=tf.int64, trainable=False, name="in_window",
+                                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._examples_per_batch = examples_per_batch
         self._box = _Box()
 
     def _make(self, position: int) -> Any:
         raise NotImplementedError
+
+    def _resume_point(self) -> tuple[int, int]:
+        """(examples before the window to rebuild from, outputs of it to skip) of a windowed pipeline."""
+        return int(self.window.numpy()) * self._windowed.window, int(self.in_window.numpy())
+
+    def _last_position(self, position: Any) -> tuple[int, int]:
+        """(window, index) of the last output of an element's position tensors."""
+        return tuple(int(tf.reshape(position[key], [-1])[-1]) for key in POSITION_KEYS)  # type: ignore[return-value]
 
     def _live(self) -> Any:
         position = int(self.position.numpy())
@@ -79,8 +100,13 @@ class _PositionIterator(tf.Module):
         return self
 
     def __next__(self) -> Any:
-        with self._pipeline.naming_data_errors():  # TF's data errors name no file: these name it
+        with self._pipeline.naming_data_errors():
             element = next(self._live())
+        if self._windowed is not None:
+            element, position = element
+            window, index = self._last_position(position)
+            self.window.assign(window)
+            self.in_window.assign(index + 1)
         self._box.delivered += 1
         self.position.assign_add(1)
         return element
@@ -90,7 +116,8 @@ class _PositionIterator(tf.Module):
 
     @property
     def element_spec(self) -> Any:
-        return self._live().element_spec
+        spec = self._live().element_spec
+        return spec[0] if self._windowed is not None else spec
 
 
 class PipelineIterator(_PositionIterator):
@@ -101,6 +128,9 @@ class PipelineIterator(_PositionIterator):
         super().__init__(pipeline, pipeline.examples_per_batch(self._context), "pipeline_iterator")
 
     def _make(self, position: int) -> Any:
+        if self._windowed is not None:
+            start, skip = self._resume_point()
+            return iter(self._pipeline.build(self._context, start=start, skip=skip, with_position=True))
         return iter(self._pipeline.build(self._context, start=position * self._examples_per_batch))
 
 
@@ -112,5 +142,14 @@ class DistributedPipelineIterator(_PositionIterator):
         super().__init__(pipeline, pipeline.global_batch_size(), "distributed_pipeline_iterator")
 
     def _make(self, position: int) -> Any:
+        if self._windowed is not None:
+            start, skip = self._resume_point()
+            return iter(self._strategy.distribute_datasets_from_function(
+                lambda context: self._pipeline.build(context, start=start, skip=skip, with_position=True)))
         return iter(self._strategy.distribute_datasets_from_function(
             lambda context: self._pipeline.build(context, start=position * self._pipeline.examples_per_step(context))))
+
+    def _last_position(self, position: Any) -> tuple[int, int]:
+        """The last replica's: a pipeline's consecutive outputs go to its replicas in turn."""
+        last = {key: self._strategy.experimental_local_results(value)[-1] for key, value in position.items()}
+        return super()._last_position(last)

@@ -48,8 +48,9 @@ class Plan:
     data_bytes: Optional[int] = None  # the files' size, where measured (None: not needed, or too large)
     ops_batchable: bool = False  # every op works on whole batches (batch-then-parse is possible)
     service: Decision = Decision("off", "data.service.address unset: every stage runs on this host")
+    sequence: Decision = Decision(None, "no data.sequence: every feature has a static shape")
 
-    DECISIONS = ("parse", "shuffle", "record_block", "record_cache", "order", "features", "files", "service")
+    DECISIONS = ("parse", "shuffle", "record_block", "record_cache", "order", "features", "files", "service", "sequence")
 
     @property
     def batched(self) -> bool:
@@ -69,6 +70,8 @@ class Plan:
 
 
 def _show(name: str, value: Any) -> str:
+    if name == "sequence":
+        return "off" if value is None else str(value)
     if name == "features":
         return ", ".join(value) if value else "-"
     if name == "files":
@@ -79,6 +82,8 @@ def _show(name: str, value: Any) -> str:
 
 
 def _plain(name: str, value: Any) -> Any:
+    if name == "sequence":
+        return None if value is None else dataclasses.asdict(value)
     if name == "features":
         return {key: spec.model_dump() for key, spec in value.items()}
     if name == "files":
@@ -105,8 +110,62 @@ def make_plan(config: DataConfig, source: Source, prefix: str = "data") -> Plan:
         parse=parse, shuffle=shuffle, record_block=block, record_cache=cache, order=order, features=features,
         files=Decision(files, f"{origin}" if files else "the source reads no TFRecord file"), read=read,
         data_bytes=data_bytes, ops_batchable=all(registered.batchable for _, _, registered in ops),
-        service=_service(config, source, prefix),
+        service=_service(config, source, prefix), sequence=_sequence(config, prefix),
     )
+
+
+# data.sequence.window=auto, in examples. Measured with benchmarks/bench_packing.py (docs/sequences.md):
+# first-fit-decreasing packs denser as windows grow, at a cost per example that grows slowly and a
+# replay on resume of at most one window.
+PACK_WINDOW = 1024
+BUCKET_WINDOW_BATCHES = 32  # bucket mode: windows of 32 global batches, so each bucket's padded last group is rare
+
+
+@dataclasses.dataclass(frozen=True)
+class SequencePlan:
+    """What data.sequence asks for, with `auto` resolved."""
+
+    mode: str  # pad | bucket | pack
+    lengths: dict  # key -> length
+    window: int  # examples per window (bucket, pack); 0 for pad
+    overflow: str
+    algorithm: str
+    bucket_lengths: tuple = ()
+    bucket_batch: str = "examples"
+
+    def __str__(self) -> str:
+        window = f", window {self.window}" if self.window else ""
+        return f"{self.mode} to {max(self.lengths.values())}{window}"
+
+
+def _sequence(config: DataConfig, prefix: str) -> Decision:
+    sequence = config.sequence
+    if sequence is None:
+        return Decision(None, "no data.sequence: every feature has a static shape")
+    key = f"{prefix}.sequence"
+    lengths = sequence.lengths()
+    if sequence.mode == "pad":
+        return Decision(SequencePlan("pad", lengths, 0, sequence.overflow, sequence.algorithm),
+                        f"{key}.mode=pad: each example padded to its length, a mask beside it")
+    if sequence.mode == "bucket":
+        bounds = tuple(sequence.boundaries or _default_boundaries(sequence.max_length))
+        if bounds[-1] < sequence.max_length:
+            bounds += (sequence.max_length,)
+        window = sequence.window if sequence.window != "auto" else BUCKET_WINDOW_BATCHES * config.batch_size
+        return Decision(SequencePlan("bucket", lengths, int(window), sequence.overflow, sequence.algorithm, bounds,
+                                     sequence.bucket_batch),
+                        f"{key}.mode=bucket: {len(bounds)} shapes ({', '.join(map(str, bounds))}), one per step; "
+                        f"windows of {window} examples" + (" (auto: 32 global batches)" if sequence.window == "auto" else ""))
+    window = PACK_WINDOW if sequence.window == "auto" else int(sequence.window)
+    return Decision(SequencePlan("pack", lengths, window, sequence.overflow, sequence.algorithm),
+                    f"{key}.mode=pack: {sequence.algorithm} over windows of {window} examples"
+                    + (" (auto: measured, docs/sequences.md)" if sequence.window == "auto" else ""))
+
+
+def _default_boundaries(length: int) -> list[int]:
+    """length, length/2, length/4, length/8 (each a whole number), shortest first."""
+    bounds = sorted({max(1, length >> shift) for shift in range(4)})
+    return bounds
 
 
 def _service(config: DataConfig, source: Source, prefix: str) -> Decision:
@@ -150,6 +209,8 @@ def _parse(config: DataConfig, source: Source, ops: list[tuple[str, str, Any]], 
     if not source.yields_records:
         return Decision("none", f"the source ({type(source).__name__}) yields parsed features")
     single = [f"{where} ({name})" for where, name, registered in ops if not registered.batchable]
+    if config.sequence is not None:
+        single.insert(0, f"{prefix}.sequence (variable-length examples)")
     if config.parse == "batched":
         if single:
             raise ConfigError(

@@ -1,7 +1,7 @@
 """Variable-length token features into static shapes: pad each example, or bucket a window of them.
 
-(Packing, several examples per row, is `tpu_pipeline.pipeline.packing`; the windowing and the
-resume position that bucket and pack share are here.)
+(Packing itself, several examples per row, is `tpu_pipeline.pipeline.packing`; the windowing and
+the resume position that bucket and pack share are here, with `PackRows`.)
 
     PadTo({"tokens": 128})                       # [128] per example, plus tokens_mask
     Bucket({"tokens": 1024}, [128, 256, 512, 1024], global_batch_size=64, window=4096)
@@ -20,11 +20,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.stages import per_replica_batch_size
+from tpu_pipeline.pipeline._common import tune
+from tpu_pipeline.pipeline.packing import ROW, Pack
+from tpu_pipeline.pipeline.stages import POSITION_KEYS, per_replica_batch_size
 
 Features = dict[str, Any]
-WINDOW_KEY, INDEX_KEY = "_window", "_index"  # the resume position every windowed output carries
-META_KEYS = (WINDOW_KEY, INDEX_KEY)
+WINDOW_KEY, INDEX_KEY = POSITION_KEYS  # the resume position every windowed output carries (int32: it may
+# travel to a TPU with its batch, which takes no int64; 2**31 windows are far more than any run reads)
 EXAMPLE_MASK = "example_mask"  # bucket mode: 1 for a real example, 0 for a padding one (an empty example is real)
 
 
@@ -67,6 +69,26 @@ def _one_d(features: Features, key: str) -> tf.Tensor:
     return value
 
 
+def pad_batch(features: Features, lengths: Mapping[str, int], overflow: str = "error") -> Features:
+    """`pad_example` for a batch parsed as a whole: each key a ragged batch [B, None] → [B, length]
+    with `<key>_mask`, the other features as they are."""
+    out = dict(features)
+    for key, length in lengths.items():
+        tokens = features[key]
+        if not isinstance(tokens, tf.RaggedTensor):
+            raise ConfigError(f"data.sequence.keys: feature {key!r} is {tokens.shape}, not a ragged batch of token ids")
+        checks = []
+        if overflow == "error":
+            longest = tf.reduce_max(tf.concat([tokens.row_lengths(), tf.zeros([1], tokens.row_splits.dtype)], 0))
+            checks.append(tf.debugging.assert_less_equal(longest, tf.cast(length, longest.dtype),
+                                                         message=overflow_message(key, length, "pad")))
+        with tf.control_dependencies(checks):
+            tokens = tokens[:, :length]
+            out[key] = tf.ensure_shape(tokens.to_tensor(shape=[None, length]), [None, length])
+            out[f"{key}_mask"] = tf.sequence_mask(tokens.row_lengths(), length, tf.int32)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class PadTo:
     """Stage: every example's keys padded (or cut) to their lengths, with masks. Per example, so it
@@ -95,34 +117,78 @@ def window_of(dataset: tf.data.Dataset, window: int, keys: Sequence[str]) -> tf.
 class Windowed:
     """Base of bucket and pack: windows of examples → each window's outputs, numbered for resume.
 
-    A subclass gives `outputs(window_features, context) -> dataset` of that window's outputs.
-    `start_window`: the index of the first window (a resumed stream's); `skip`: outputs of that
-    first window already delivered.
+    A subclass gives `place(numbered_windows, context)`: a dataset of (window index, window
+    features) → the outputs, each with `WINDOW_KEY` and `INDEX_KEY`.
     """
 
     keys: Sequence[str]
     window: int
-
-    def outputs(self, window: Features, context: tf.distribute.InputContext) -> tf.data.Dataset:
-        raise NotImplementedError
 
     def check_features(self, spec: Mapping[str, Any]) -> None:
         for key in self.keys:
             if key not in spec:
                 raise ConfigError(f"data.sequence.keys: feature {key!r} does not exist; features here: {sorted(spec)}")
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, start_window: int = 0,
+    def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        raise NotImplementedError
+
+    uses_position = True  # a Pipeline passes the elements delivered before this stage (a resume)
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0,
               skip: int = 0) -> tf.data.Dataset:
+        """`position`: elements of `dataset` delivered before (examples, or whole windows when the
+        elements already are windows: ragged batches from a batched parse); it must fall on a window
+        boundary. `skip`: outputs of the first window delivered before."""
         self.check_features(dataset.element_spec)
-        windows = window_of(dataset, self.window, self.keys)
-        numbered = tf.data.Dataset.zip((tf.data.Dataset.range(start_window, 1 << 62), windows))
-
-        def one_window(index: tf.Tensor, features: Features) -> tf.data.Dataset:
-            outputs = self.outputs(features, context).enumerate()
-            return outputs.map(lambda i, out: {**out, WINDOW_KEY: index, INDEX_KEY: i})
-
-        placed = numbered.flat_map(one_window)
+        if _is_window(dataset.element_spec, self.keys):
+            windows, first = dataset, position
+        else:
+            if position % self.window:
+                raise ValueError(f"a windowed stage resumes at a window boundary: {position} is not a multiple of "
+                                 f"{self.window}")
+            windows, first = window_of(dataset, self.window, self.keys), position // self.window
+        # One number per window (not per example): a zip costs per element.
+        numbered = tf.data.Dataset.zip((tf.data.Dataset.range(first, 1 << 62), windows))
+        placed = self.place(numbered, context)
         return placed.skip(skip) if skip else placed
+
+
+def _is_window(spec: Mapping[str, Any], keys: Sequence[str]) -> bool:
+    """Elements that already are windows: each key a ragged batch [W, None]."""
+    return all(isinstance(spec[key], tf.RaggedTensorSpec) and spec[key].shape.rank == 2 for key in keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackRows(Windowed):
+    """Pack mode as a windowed stage: each window packed by `packing.pack_window` (in a parallel map:
+    windows are independent), its rows leaving in order, each numbered (`_window`, `_index` = its row)."""
+
+    lengths: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    algorithm: str = "first_fit_decreasing"
+    overflow: str = "error"
+    num_parallel_calls: Any = "autotune"
+
+    def _packer(self, windows_given: bool = True) -> Pack:
+        return Pack(dict(self.lengths), None if windows_given else self.window, self.algorithm, self.overflow,
+                    metadata=True)
+
+    def check_features(self, spec: Mapping[str, Any]) -> None:
+        # One line naming a feature that would ride along in a row, or a missing or misshapen key.
+        given = all(key in spec for key in self.keys) and _is_window(spec, self.keys)
+        self._packer(given).check_spec(spec)
+
+    def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        packer = self._packer()
+
+        def pack(index: tf.Tensor, window: Features) -> Features:
+            rows = packer.pack(window)
+            meta = {WINDOW_KEY: tf.fill(tf.shape(rows[ROW]), tf.cast(index, tf.int32)), INDEX_KEY: tf.cast(rows[ROW], tf.int32)}
+            return {**{k: v for k, v in rows.items() if not k.startswith("_")}, **meta}
+
+        calls = tune(self.num_parallel_calls)
+        packed = (windows.map(pack, name="pack") if calls == 1 else
+                  windows.map(pack, num_parallel_calls=calls, name="pack"))
+        return packed.unbatch()
 
 
 def bucket_batches(bucket_lengths: Sequence[int], global_batch_size: int, context: tf.distribute.InputContext,
@@ -156,6 +222,13 @@ class Bucket(Windowed):
 
     def replicas(self, context: tf.distribute.InputContext) -> int:
         return max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
+
+    def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        def one_window(index: tf.Tensor, features: Features) -> tf.data.Dataset:
+            outputs = self.outputs(features, context).enumerate()
+            return outputs.map(lambda i, out: {**out, WINDOW_KEY: tf.cast(index, tf.int32), INDEX_KEY: tf.cast(i, tf.int32)})
+
+        return windows.flat_map(one_window)
 
     def outputs(self, window: Features, context: tf.distribute.InputContext) -> tf.data.Dataset:
         bounds = tf.constant(list(self.bucket_lengths), tf.int64)
@@ -203,9 +276,3 @@ class Bucket(Windowed):
             return out
 
         return tf.data.Dataset.range(num_batches).map(batch)
-
-
-def strip_meta(features: Features) -> tuple[Features, Features]:
-    """(the features without the resume position, the position)."""
-    return ({k: v for k, v in features.items() if k not in META_KEYS},
-            {k: features[k] for k in META_KEYS if k in features})

@@ -267,25 +267,47 @@ class Batch:
     num_parallel_calls: Union[int, str, None] = None
     deterministic: Optional[bool] = None
     records: bool = False  # elements are serialized records, alone or in vectors (blocks, windows)
+    per_replica: bool = True  # False: batches of global_batch_size itself (data.sequence's windows of records)
+    ragged: bool = False  # variable-length features with no data.sequence: kept ragged ([B, None]), not refused at run time
+
+    def size(self, context: tf.distribute.InputContext) -> int:
+        """Examples in one batch this stage makes for input pipeline `context`."""
+        return per_replica_batch_size(self.global_batch_size, context) if self.per_replica else self.global_batch_size
 
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
-        size = per_replica_batch_size(self.global_batch_size, context)
+        size = self.size(context)
         if self.records and dataset.element_spec.shape.rank == 1:
             # Vectors of records are cut into batches directly: no per-record element on the way.
             return dataset.rebatch(size, drop_remainder=self.drop_remainder)
+        if self.ragged:
+            return dataset.ragged_batch(size, drop_remainder=self.drop_remainder)
         if self.num_parallel_calls is None:
             return dataset.batch(size, drop_remainder=self.drop_remainder)
         return dataset.batch(size, drop_remainder=self.drop_remainder, num_parallel_calls=tune(self.num_parallel_calls),
                              deterministic=self.deterministic)
 
 
+POSITION_KEYS = ("_window", "_index")  # a windowed stage's resume position, carried beside the features
+
+
+def split_position(features: Features) -> tuple[Features, Features]:
+    """(the features without the resume position, the position: {} where there is none)."""
+    return ({k: v for k, v in features.items() if k not in POSITION_KEYS},
+            {k: features[k] for k in POSITION_KEYS if k in features})
+
+
 @dataclasses.dataclass(frozen=True)
 class ToOutputs:
-    """Feature dict → (inputs, targets) as Keras fit expects; a list of keys keeps a dict."""
+    """Feature dict → (inputs, targets) as Keras fit expects; a list of keys keeps a dict.
+
+    A windowed pipeline's elements carry their resume position (`POSITION_KEYS`); it is dropped,
+    or with `position=True` (the package's own iterators) returned beside: (outputs, position).
+    """
 
     inputs: Union[str, Sequence[str]] = "image"
     targets: Union[str, Sequence[str], None] = "label"
     num_parallel_calls: Union[int, str, None] = None  # picking keys: no work worth a thread crossing
+    position: bool = False
 
     def _pick(self, features: Features, keys: Union[str, Sequence[str]], what: str) -> Any:
         names = [keys] if isinstance(keys, str) else list(keys)
@@ -298,13 +320,28 @@ class ToOutputs:
 
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         def fn(features: Features):
+            features, position = split_position(features)
             inputs = self._pick(features, self.inputs, "inputs")
-            if self.targets is None:
-                return inputs
-            return inputs, self._pick(features, self.targets, "targets")
+            outputs = inputs if self.targets is None else (inputs, self._pick(features, self.targets, "targets"))
+            return (outputs, position) if self.position and position else outputs
 
         calls = None if self.num_parallel_calls is None else tune(self.num_parallel_calls)
         return dataset.map(fn, num_parallel_calls=calls, name="to_outputs")
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPosition:
+    """For a windowed pipeline without outputs: the position dropped from each feature dict, or with
+    `position=True` returned beside it, as ToOutputs does."""
+
+    position: bool = False
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        def fn(features: Features):
+            features, position = split_position(features)
+            return (features, position) if self.position else features
+
+        return dataset.map(fn, name="split_position")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,6 +78,11 @@ def _element_shape(pipeline: Pipeline) -> list[int]:
     if not isinstance(spec, tuple):
         raise ConfigError("data.outputs: training needs (inputs, targets); set data.outputs {inputs: ..., targets: ...}")
     inputs = spec[0]
+    if isinstance(inputs, tf.RaggedTensorSpec):
+        raise ConfigError(
+            "data.outputs.inputs: its examples vary in length (a ragged feature), and a model needs static shapes: add "
+            "data.sequence: {keys: [...], length: 1024, mode: pack} (or pad, bucket) to pad, bucket or pack them"
+        )
     if not isinstance(inputs, tf.TensorSpec):
         raise ConfigError("data.outputs.inputs: the built-in models take one input tensor; name one feature")
     shape = inputs.shape.as_list()[1:]
