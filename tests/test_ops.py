@@ -102,6 +102,21 @@ def test_op_on_a_missing_feature_names_it():
         op("resize", size=4, key="img")({"image": tf.zeros([2, 2, 1])})
 
 
+def test_a_missing_feature_inside_a_pipeline_is_a_one_line_error(tmp_path):
+    """Raised while tf.data traces the map: AutoGraph must not append its "in user code:" trace (any op)."""
+    from helpers import write_jpeg_shards
+    from tpu_pipeline.pipeline import Pipeline
+
+    config = data_config(write_jpeg_shards(tmp_path, 4, 1))
+    config["preprocess"][1] = {"op": "resize", "size": 16, "key": "img"}
+    with pytest.raises(ConfigError) as error:
+        Pipeline.from_config(config_from_dict({"data": config}).data).build()
+    message = str(error.value)
+    assert "\n" not in message and "in user code" not in message, message
+    assert "op 'resize': feature 'img' does not exist at this point of the pipeline; features here: id, image, " \
+           "label" in message, message
+
+
 def test_register_op_and_refuse_duplicates():
     with scoped_ops():
         @register_op("times_two_test")

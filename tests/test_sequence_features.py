@@ -420,7 +420,8 @@ def test_tokenize_bytes_on_a_batch_parsed_at_once_through_a_pipeline(tmp_path):
         "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode("utf-8")]))})) for text in TEXTS]
     path = write_records(str(tmp_path / "text.tfrecord"), records)
     config = token_config(path, features={"text": {"dtype": "string"}}, batch_size=len(TEXTS),
-                          preprocess=[{"op": "tokenize_bytes", "out_key": "tokens"}, {"op": "keep", "keys": ["tokens"]}])
+                          preprocess=[{"op": "tokenize_bytes", "out_key": "tokens"},
+                                      {"op": "keep", "keys": ["tokens"]}])
     pipeline = pipeline_of(config)
     assert pipeline.plan.parse.value == "batched"
     (batch,) = list(pipeline.build())

@@ -8,10 +8,21 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 
 
+def one_line(message: str) -> ConfigError:
+    """A ConfigError to raise while a map is traced (an op's missing feature, a feature it cannot take), kept
+    one line: AutoGraph would otherwise re-raise it with its "in user code:" trace in the message.
+    `ag_pass_through` is AutoGraph's (private) mark for an error to let through as it is; were it to go,
+    the message would only gain those lines again."""
+    error = ConfigError(message)
+    error.ag_pass_through = True
+    return error
+
+
 def feature(features: dict[str, Any], key: str, op: str) -> Any:
-    """Returns features[key]; a missing key names the op and the keys that do exist."""
+    """Returns features[key]; a missing key names the op and the keys that do exist (one line, also
+    when raised inside a traced map)."""
     if key not in features:
-        raise ConfigError(
+        raise one_line(
             f"op '{op}': feature '{key}' does not exist at this point of the pipeline; "
             f"features here: {', '.join(sorted(features))}. Set the op's 'key' argument."
         )

@@ -1,18 +1,23 @@
 """Built-in ops on token sequences: truncate, lm_shift, append, prepend, tokenize_bytes.
 
-Each reads a 1-D tensor per example (a `kind: ragged` feature as parsed, a `kind: sequence` feature
-list of scalars, or another op's output) and writes 1-D tensors, with TensorFlow ops only, inside
-the pipeline's map. Token id 0 is a real token: no op here looks at a value to find padding or a
-length (seqio's packer counts non-zero tokens and so cannot hold id 0; MaxText pads with -1 for
-that reason). Padding, bucketing and packing to a static length come after these ops (`data.sequence`).
+Each reads one example's 1-D tensor (a `kind: ragged` feature as parsed, a `kind: sequence` feature
+list of scalars, or another op's output) or a whole batch of them as a `[B, None]` RaggedTensor
+(ragged_rank 1), and writes the same kind, with TensorFlow ops only, inside the pipeline's map.
+Token id 0 is a real token: no op here looks at a value to find padding or a length (seqio's packer
+counts non-zero tokens and so cannot hold id 0; MaxText pads with -1 for that reason). Padding,
+bucketing and packing to a static length come after these ops (`data.sequence`).
 
 Order matters and is the config's: truncate to `length - 1`, then append EOS, so the EOS survives;
 `lm_shift` before packing (as MaxText does), so no target crosses from one packed example to the next.
 
-These ops are not batchable: a batch parsed as a whole holds `[B, None]` RaggedTensors, and a
-dense `[B, L]` batch cannot be told apart from one example's `[T, d]` feature list, so an op that
-cut "the last axis" could cut the wrong one silently. A pipeline that uses them parses its records
-one at a time (the plan's `auto` does so; `data.parse: batched` is refused with the op named).
+These ops are batchable: on a batch parsed as a whole (`tf.io.parse_example` with a RaggedFeature, or
+`parse_sequence_example`, gives `[B, None]` RaggedTensors) each row comes out as that example alone
+would, so a pipeline can batch W serialized records, parse them with one call, run the ops on the
+ragged batch and pack it as one window (tf.data's cost is per element: benchmarks/bench_packing.py). A dense
+rank-2 tensor is refused: a `[B, L]` batch (padded: 0s that look like tokens) cannot be told apart
+from one example's `[T, d]` feature list, so an op that cut "the last axis" could cut the wrong one
+silently. `tokenize_bytes` maps each string to a row: one string gives a 1-D tensor, a `[B]` vector of
+them (a batch) a `[B, None]` RaggedTensor (so would a per-example `shape: [k]` string feature: k rows).
 
 Argument values are checked when the factory runs (pipeline build): a bad one is a one-line
 ConfigError naming `data.preprocess[i]`, the op and the argument. What the feature is (its rank and
@@ -25,27 +30,15 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.ops._util import feature
+from tpu_pipeline.ops._util import feature, one_line
 from tpu_pipeline.ops.registry import register_op
 
 BYTE_OFFSET = 3  # tokenize_bytes: ids 0, 1, 2 stay free for padding, EOS and UNK/BOS (ByT5's layout: 259 ids)
 _KEEP = ("head", "tail")
 
 
-def _refused(message: str) -> ConfigError:
-    """A ConfigError raised while the map is traced, kept one line: AutoGraph would otherwise re-raise it
-    with its "in user code:" trace in the message (`ag_pass_through` is how it lets an error pass)."""
-    error = ConfigError(message)
-    error.ag_pass_through = True
-    return error
-
-
-def _feature(features: dict[str, Any], key: str, op: str) -> Any:
-    """features[key]; a missing one is `_util.feature`'s error, kept one line."""
-    try:
-        return feature(features, key, op)
-    except ConfigError as error:
-        raise _refused(str(error)) from None
+_refused = one_line  # a ConfigError raised while the map is traced, kept one line
+_TAKES = "a sequence op takes one example's 1-D ids or a ragged batch [B, None]"
 
 
 def _int(value: Any, op: str, arg: str, minimum: Optional[int] = None) -> int:
@@ -61,28 +54,42 @@ def _name(value: Any, op: str, arg: str) -> str:
     return value
 
 
-def _sequence(features: dict[str, Any], key: str, op: str, integer: bool = False) -> tf.Tensor:
-    """features[key], refused (ConfigError, at trace time) when its static shape or dtype says it is
-    not a 1-D sequence (of integers, with `integer`)."""
-    value = _feature(features, key, op)
+def _batch(value: Any) -> bool:
+    """Whether a sequence op's input is a ragged batch `[B, None]` (else one example's 1-D tensor)."""
+    return isinstance(value, tf.RaggedTensor)
+
+
+def _sequence(features: dict[str, Any], key: str, op: str, integer: bool = False) -> Any:
+    """features[key]: one example's 1-D tensor or a `[B, None]` RaggedTensor (ragged_rank 1), refused
+    (ConfigError, at trace time) when its static shape or dtype says it is neither (or, with `integer`,
+    not integer ids)."""
+    value = feature(features, key, op)
     what = f"op '{op}': feature '{key}'"
-    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
-        raise _refused(f"{what} is a {type(value).__name__} (a batch?): this op takes one example's 1-D tensor; "
-                       "use data.parse: per_example (or auto)")
+    if isinstance(value, tf.SparseTensor):
+        raise _refused(f"{what} is a SparseTensor: {_TAKES}; give the feature kind: ragged")
     rank = value.shape.rank
-    if rank is not None and rank != 1:
-        fix = ("use tokenize_bytes for text" if value.dtype == tf.string and rank == 0 else
-               "give the feature kind: ragged (or a scalar per step for kind: sequence)")
-        raise _refused(f"{what} has shape {value.shape} ({value.dtype.name}), not a 1-D sequence; {fix}")
+    if _batch(value):
+        if rank != 2 or value.ragged_rank != 1:
+            raise _refused(f"{what} is a RaggedTensor of shape {value.shape} (ragged_rank {value.ragged_rank}), "
+                           f"not a batch of 1-D sequences: {_TAKES}; give it one scalar id per step")
+    elif rank is not None and rank != 1:
+        if rank == 2:
+            fix = ("a dense [B, L] batch cannot be told from one example's [T, d] feature list; give the feature "
+                   "kind: ragged (or a scalar per step for kind: sequence)")
+        elif value.dtype == tf.string and rank == 0:
+            fix = "use tokenize_bytes for text"
+        else:
+            fix = "give the feature kind: ragged (or a scalar per step for kind: sequence)"
+        raise _refused(f"{what} has shape {value.shape} ({value.dtype.name}), not a 1-D sequence: {_TAKES}; {fix}")
     if integer and not value.dtype.is_integer:
         raise _refused(f"{what} is {value.dtype.name}, not integer token ids; tokenize it first "
                        "(e.g. op tokenize_bytes), or set the op's key")
     return value
 
 
-def _writes(op: str, key: str, out_key: Optional[str], fn: Callable[[tf.Tensor], tf.Tensor],
-            integer: bool = False) -> Callable:
-    """The op: features[out_key or key] = fn(features[key]), key checked to be a 1-D sequence."""
+def _writes(op: str, key: str, out_key: Optional[str], fn: Callable[[Any], Any], integer: bool = False) -> Callable:
+    """The op: features[out_key or key] = fn(features[key]), key checked to be a 1-D sequence or a ragged
+    batch of them (fn takes either)."""
     _name(key, op, "key")
     target = key if out_key is None else _name(out_key, op, "out_key")
 
@@ -92,22 +99,23 @@ def _writes(op: str, key: str, out_key: Optional[str], fn: Callable[[tf.Tensor],
     return apply
 
 
-@register_op("truncate")
+@register_op("truncate", batchable=True)
 def truncate(max_length: int, keep: str = "head", key: str = "tokens", out_key: Optional[str] = None):
     """At most `max_length` tokens: the first ones (keep: head) or the last ones (keep: tail).
-    Shorter sequences, the empty one included, are left as they are."""
+    Shorter sequences, the empty one included, are left as they are (on a ragged batch, each row)."""
     length = _int(max_length, "truncate", "max_length", minimum=1)
     if keep not in _KEEP:
         raise ConfigError(f"op 'truncate': keep must be head or tail, got {keep!r}")
-    if keep == "head":
-        return _writes("truncate", key, out_key, lambda tokens: tokens[:length])
-    return _writes("truncate", key, out_key, lambda tokens: tokens[-length:])  # [-n:] of a shorter one is all of it
+    # [-n:] of a shorter one is all of it; on a ragged batch, [:, -n:] cuts each row the same way.
+    cut = slice(None, length) if keep == "head" else slice(-length, None)
+    return _writes("truncate", key, out_key, lambda tokens: tokens[:, cut] if _batch(tokens) else tokens[cut])
 
 
-@register_op("lm_shift")
+@register_op("lm_shift", batchable=True)
 def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str = "targets", keep: bool = False):
     """Next-token pairs: `inputs = tokens[:-1]`, `targets = tokens[1:]` (n tokens give n - 1 pairs; 0 or 1 token,
-    none). `key` is removed unless `keep: true`. Shift before packing, so no target crosses examples."""
+    none). `key` is removed unless `keep: true`. Shift before packing, so no target crosses examples.
+    On a ragged batch: `tokens[:, :-1]`, `tokens[:, 1:]` (an empty row gives two empty rows)."""
     op = "lm_shift"
     key = _name(key, op, "key")
     inputs_key, targets_key = _name(inputs_key, op, "inputs_key"), _name(targets_key, op, "targets_key")
@@ -126,7 +134,10 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
             raise _refused(f"op 'lm_shift': feature(s) {clash} exist already and would be overwritten; set "
                            "inputs_key/targets_key to other names (or drop them with op keep)")
         out = {k: v for k, v in features.items() if keep or k != key}
-        out[inputs_key], out[targets_key] = tokens[:-1], tokens[1:]
+        if _batch(tokens):
+            out[inputs_key], out[targets_key] = tokens[:, :-1], tokens[:, 1:]
+        else:
+            out[inputs_key], out[targets_key] = tokens[:-1], tokens[1:]
         return out
 
     return apply
@@ -135,38 +146,51 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
 def _edge(op: str, id: int, key: str, out_key: Optional[str], at_end: bool) -> Callable:
     token = _int(id, op, "id")
 
-    def fn(tokens: tf.Tensor) -> tf.Tensor:
+    def fn(tokens: Any) -> Any:
         limits = tokens.dtype.min, tokens.dtype.max
         if not limits[0] <= token <= limits[1]:
             raise _refused(f"op '{op}': id {token} does not fit the feature '{key}' ({tokens.dtype.name}); "
                            f"give an id in {limits[0]}..{limits[1]}")
+        if _batch(tokens):  # a [B, 1] column of the id, concatenated to each row (faster than a stitch or scatter)
+            column = tf.fill(tf.stack([tokens.nrows(), 1]), tf.constant(token, tokens.dtype))
+            edge = tf.RaggedTensor.from_tensor(column, row_splits_dtype=tokens.row_splits.dtype)
+            return tf.concat([tokens, edge] if at_end else [edge, tokens], axis=1)
         edge = tf.constant([token], dtype=tokens.dtype)
         return tf.concat([tokens, edge] if at_end else [edge, tokens], axis=0)
 
     return _writes(op, key, out_key, fn, integer=True)
 
 
-@register_op("append")
+@register_op("append", batchable=True)
 def append(id: int, key: str = "tokens", out_key: Optional[str] = None):
-    """Adds token `id` at the end (an EOS); an empty sequence becomes [id]."""
+    """Adds token `id` at the end (an EOS); an empty sequence becomes [id] (on a ragged batch, each row)."""
     return _edge("append", id, key, out_key, at_end=True)
 
 
-@register_op("prepend")
+@register_op("prepend", batchable=True)
 def prepend(id: int, key: str = "tokens", out_key: Optional[str] = None):
-    """Adds token `id` at the start (a BOS); an empty sequence becomes [id]."""
+    """Adds token `id` at the start (a BOS); an empty sequence becomes [id] (on a ragged batch, each row)."""
     return _edge("prepend", id, key, out_key, at_end=False)
 
 
-@register_op("tokenize_bytes")
+@register_op("tokenize_bytes", batchable=True)
 def tokenize_bytes(offset: int = BYTE_OFFSET, key: str = "text", out_key: Optional[str] = None):
     """A string's UTF-8 bytes as int32 ids `byte + offset` (a byte-level vocabulary of 256 + offset ids, no
     dependency). The default offset 3 keeps ids 0, 1, 2 free for padding, EOS and one more special id (UNK
     or BOS): ByT5's layout, so a pad value of 0 never collides with a byte.
 
+    One string (shape []) gives a 1-D tensor; a `[B]` vector of strings (a batch parsed as a whole) gives a
+    `[B, None]` RaggedTensor, row i the bytes of string i (the empty string an empty row).
+
     `tf.io.decode_raw` reads the bytes in one op: on a 2 KB string it added ~1 us per element to an
     identity map (2-core CPU, TF 2.21), where `tf.strings.bytes_split` followed by a decode or a lookup
-    table added ~85 us.
+    table added ~85 us. A batch is joined into one string (`tf.strings.reduce_join`), decoded with one
+    `decode_raw` and cut into rows by `tf.strings.length`: on 64 strings of ~2 KB (126 KB) that took
+    ~0.4-0.5 ms per batch (~7 us per string), against ~1.2-1.5 ms for `decode_raw(fixed_length=longest)`
+    then `RaggedTensor.from_tensor(lengths=...)`, ~1.3-1.9 ms for a `map_fn` of `decode_raw`, ~4-6 ms for
+    `bytes_split` then `decode_raw` of the 1-byte strings, ~45-60 ms for one `substr` per byte (best of 5
+    runs in a tf.function; 2-core CPU, shared, TF 2.21). `tf.strings.unicode_decode` gives code points,
+    not bytes.
     """
     op = "tokenize_bytes"
     shift = _int(offset, op, "offset", minimum=0)
@@ -176,11 +200,17 @@ def tokenize_bytes(offset: int = BYTE_OFFSET, key: str = "text", out_key: Option
     target = key if out_key is None else _name(out_key, op, "out_key")
 
     def apply(features, seed=None):
-        text = _feature(features, key, op)
+        text = feature(features, key, op)
         composite = isinstance(text, (tf.RaggedTensor, tf.SparseTensor))
-        if composite or text.dtype != tf.string or text.shape.rank not in (0, None):
+        if composite or text.dtype != tf.string or text.shape.rank not in (0, 1, None):
             raise _refused(f"op 'tokenize_bytes': feature '{key}' is {text.dtype.name} with shape {text.shape}, not "
-                           "one string per example; give it dtype: string and shape [] (or set the op's key)")
+                           "one string per example (or a [B] batch of them); give it dtype: string and shape [] "
+                           "(or set the op's key)")
+        if text.shape.rank == 1:
+            flat = tf.io.decode_raw(tf.strings.reduce_join(text), tf.uint8)  # [N]: every byte of the batch
+            ids = tf.cast(flat, tf.int32) + shift
+            lengths = tf.cast(tf.strings.length(text), tf.int64)  # in bytes (unit BYTE)
+            return {**features, target: tf.RaggedTensor.from_row_lengths(ids, lengths, validate=False)}
         ids = tf.cast(tf.io.decode_raw(text, tf.uint8), tf.int32) + shift
         return {**features, target: tf.reshape(ids, [-1])}
 
