@@ -46,7 +46,7 @@ from tpu_pipeline.pipeline.source import RecordFileSource, Source
 from tpu_pipeline.pipeline.spec_check import check_features, first_record
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
-from tpu_pipeline.pipeline.sequence import Bucket, PackRows, Windowed, pad_batch, pad_example
+from tpu_pipeline.pipeline.sequence import INDEX_KEY, Bucket, PackRows, Windowed, pad_batch, pad_example
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, MapFeatures, PadToSteps, Prefetch, Repeat, Shuffle, SplitPosition, ToOutputs, WindowShuffle,
     WithOptions, per_replica_batch_size,
@@ -125,7 +125,9 @@ class Pipeline:
         context = input_context or tf.distribute.InputContext()
         stages = self._stages_with_position(with_position)
         split = self.service
-        if split is None:
+        if isinstance(self.windowed, Bucket) and context.num_input_pipelines > 1:
+            dataset = self._shared_buckets(stages, context, start, skip)
+        elif split is None:
             dataset = self._stream(stages, context, start, skip_outputs=skip)
         else:
             dataset = self._through_service(split, context, start)
@@ -152,6 +154,24 @@ class Pipeline:
             at = next((i for i, stage in enumerate(stages) if isinstance(stage, (ServiceSplit, Prefetch))), len(stages))
             stages.insert(at, SplitPosition(with_position))
         return stages
+
+    def _shared_buckets(self, stages: Sequence[Any], context: tf.distribute.InputContext, start: int,
+                        skip: int) -> tf.data.Dataset:
+        """Bucketing with several input pipelines (hosts): every replica of a step, on every host, must get
+        the same shape, and a host cannot see the others' lengths. So every input pipeline reads the whole
+        stream (as one pipeline would), buckets it into groups of all replicas' batches, and keeps the
+        batches of its own replicas: each host parses every record (the price), every step has one
+        shape, and each example reaches exactly one replica."""
+        at = next(i for i, stage in enumerate(stages) if isinstance(stage, Bucket))
+        shared = tf.distribute.InputContext(1, 0, context.num_replicas_in_sync)
+        everything = self._stream(stages[:at + 1], shared, start, skip_outputs=skip)
+        mine = context.num_replicas_in_sync // context.num_input_pipelines
+        index = context.input_pipeline_id
+
+        def kept(features: Any) -> tf.Tensor:
+            return tf.equal(features[INDEX_KEY] % context.num_replicas_in_sync // mine, index)
+
+        return _apply(everything.filter(kept), stages[at + 1:], context)
 
     @property
     def service(self) -> Optional[ServiceSplit]:

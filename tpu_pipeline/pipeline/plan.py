@@ -209,8 +209,6 @@ def _parse(config: DataConfig, source: Source, ops: list[tuple[str, str, Any]], 
     if not source.yields_records:
         return Decision("none", f"the source ({type(source).__name__}) yields parsed features")
     single = [f"{where} ({name})" for where, name, registered in ops if not registered.batchable]
-    if config.sequence is not None:
-        single.insert(0, f"{prefix}.sequence (variable-length examples)")
     if config.parse == "batched":
         if single:
             raise ConfigError(
