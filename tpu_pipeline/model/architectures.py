@@ -125,12 +125,15 @@ def build_network(keras: ModuleType, config: ModelConfig, input_shape: Sequence[
     """
     if num_classes < 2:
         raise ConfigError(f"num_classes: a classifier needs at least 2 classes, got {num_classes}")
-    if not input_shape or any(not isinstance(d, int) or d <= 0 for d in input_shape):
+    if not input_shape or any(d is not None and (not isinstance(d, int) or d <= 0) for d in input_shape):
         raise ConfigError(f"input_shape: needs positive static sizes (no batch dimension), got {list(input_shape)}")
-    if model_fn is not None:
+    if model_fn is not None:  # a user's model may take a length that varies (data.sequence bucket mode)
         return call_model_fn(keras, model_fn, input_shape, num_classes, "model_fn")
     if config.fn is not None:
         return call_model_fn(keras, load_model_fn(config.fn), input_shape, num_classes, f"model.fn={config.fn!r}")
+    if any(d is None for d in input_shape):
+        raise ConfigError(f"input_shape: the built-in networks need static sizes, got {list(input_shape)} (data.sequence "
+                          "bucket mode varies the length per bucket): use model.fn, or data.sequence.mode pad or pack")
     if config.application is not None:
         return build_application(keras, config.application, config.weights, input_shape, num_classes)
     if config.architecture != "mlp":

@@ -108,8 +108,10 @@ class Checkpointer(tf_keras.callbacks.Callback):
 
     def __init__(self, files: RunFiles, state: "TrainState", steps_per_epoch: int,
                  every_steps: Optional[int] = None, every_seconds: Optional[float] = None,
-                 preemption: Optional[PreemptionFlag] = None, printer: Callable[[str], None] = print) -> None:
+                 preemption: Optional[PreemptionFlag] = None, printer: Callable[[str], None] = print,
+                 before_save: Optional[Callable[[int], None]] = None) -> None:
         super().__init__()
+        self.before_save = before_save  # called with the step before each save (a windowed input's position)
         self.files = files
         self.steps_per_epoch = steps_per_epoch
         self.state = state
@@ -128,6 +130,8 @@ class Checkpointer(tf_keras.callbacks.Callback):
         step = self._step()
         if step == self._last_step:
             return self.files.latest_checkpoint
+        if self.before_save is not None:
+            self.before_save(step)
         path = self.files.save_checkpoint(step)
         self._last_step, self._last_time = step, time.monotonic()
         self.printer(f"saved checkpoint {path} at step {step} ({why})")

@@ -25,6 +25,8 @@ from tpu_pipeline.errors import ClusterError, ConfigError
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
+from tpu_pipeline.pipeline.position_log import PositionLog
+from tpu_pipeline.pipeline.sequence import Bucket
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.pipeline.record_check import tf_message
 from tpu_pipeline.train.callbacks import Checkpointer, ProgressLogger, TrainState
@@ -86,6 +88,8 @@ def _element_shape(pipeline: Pipeline) -> list[int]:
     if not isinstance(inputs, tf.TensorSpec):
         raise ConfigError("data.outputs.inputs: the built-in models take one input tensor; name one feature")
     shape = inputs.shape.as_list()[1:]
+    if isinstance(pipeline.windowed, Bucket) and len(shape) == 1:
+        return shape  # token ids whose length is the bucket's: one shape (one compile) per bucket
     if any(size is None for size in shape):
         raise ConfigError(
             f"data.outputs.inputs: its examples have shape {shape}, which varies (None); a model needs one fixed "
@@ -135,8 +139,14 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     epochs = config.train.epochs
     meter = InputWaitMeter()
 
+    windowed = train_pipeline.windowed
+    position = WindowedPosition(train_pipeline, cluster) if windowed is not None else None
+
     def train_dataset(step: int) -> Any:
         """The distributed training stream from global step `step` on (its input position)."""
+        if position is not None:
+            return cluster.strategy.distribute_datasets_from_function(
+                lambda context: metered(position.stream(context, step), meter))
         return cluster.strategy.distribute_datasets_from_function(
             lambda context: metered(train_pipeline.build(context, start=step * train_pipeline.examples_per_step(context)), meter)
         )
@@ -155,7 +165,8 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         num_classes=num_classes(config, train_pipeline), steps_per_epoch=steps, epochs=epochs, model_fn=model_fn,
     )
     state = TrainState()
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json,
+                                     **({"data": position} if position is not None else {}))
     files = RunFiles(run_dir, cluster, checkpoint, config.train.max_checkpoints)
     latest = files.latest_checkpoint
     if store is not None:
@@ -174,20 +185,23 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                     f"({latest}); nothing changed. Its metrics: {metrics_path(run_dir)}")
             return finished
         epoch_now, into = divmod(resumed_from, steps)
-        if train_pipeline.service is None:
-            position = (f"the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
-                        "of the training stream")
+        if position is not None:
+            where = position.describe()
+        elif train_pipeline.service is None:
+            where = (f"the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
+                     "of the training stream")
         else:
             data_epoch, again = train_pipeline.service_restart(resumed_from * config.data.batch_size)
-            position = (f"data.service cannot resume exactly, so the input starts a fresh service job at the start of "
-                        f"data epoch {data_epoch + 1}" + (f": {again:,} examples of it come again" if again else ""))
-        printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {position}")
+            where = (f"data.service cannot resume exactly, so the input starts a fresh service job at the start of "
+                     f"data epoch {data_epoch + 1}" + (f": {again:,} examples of it come again" if again else ""))
+        printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {where}")
 
     progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
     with PreemptionFlag(agreement) as preemption:
         checkpointer = Checkpointer(files, state, steps, config.train.checkpoint_every_steps,
-                                    config.train.checkpoint_every_seconds, preemption, printer)
+                                    config.train.checkpoint_every_seconds, preemption, printer,
+                                    before_save=position.record if position is not None else None)
         callbacks: list[Any] = [progress, checkpointer]
         if config.train.tensorboard:
             profile = tuple(config.train.profile_steps) if config.train.profile_steps else 0
@@ -267,6 +281,49 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             where.append(f"TensorBoard logs {os.path.join(run_dir, 'tensorboard')} (tensorboard --logdir {run_dir})")
         printer("wrote " + "; ".join(where))
     return metrics
+
+
+class WindowedPosition(tf.Module):
+    """The input position of a windowed pipeline (data.sequence bucket or pack) in a checkpoint: the
+    window and the outputs of it delivered, as of the last saved step. `fit` consumes a dataset, so
+    what each element taken left the stream at is logged (`PositionLog`) and read back for the step
+    a save is at."""
+
+    def __init__(self, pipeline: Pipeline, cluster: ClusterInfo) -> None:
+        super().__init__(name="data_position")
+        if cluster.num_workers > 1:
+            raise ConfigError(
+                f"data.sequence.mode={type(pipeline.windowed).__name__.lower()}: each host's stream stops at a place "
+                "of its own, which one chief checkpoint cannot hold yet; train on one host, or use mode: pad"
+            )
+        self._pipeline = pipeline
+        self._window_size = pipeline.windowed.window
+        self._replicas = cluster.num_replicas  # one input pipeline feeds every replica of this host
+        with tf.init_scope():
+            self.window = tf.Variable(0, dtype=tf.int64, trainable=False, name="window")
+            self.in_window = tf.Variable(0, dtype=tf.int64, trainable=False, name="in_window")
+        self._log = PositionLog()
+        self._built_at_step = 0
+
+    def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
+        """The stream from the saved position (which is that of `step`), each element's position logged."""
+        self._log.reset()
+        self._built_at_step = step
+        dataset = self._pipeline.build(context, start=int(self.window.numpy()) * self._window_size,
+                                       skip=int(self.in_window.numpy()), with_position=True)
+        return self._log.attach(dataset)
+
+    def record(self, step: int) -> None:
+        """Sets the position to where the stream stood after global step `step` (before a save)."""
+        elements = (step - self._built_at_step) * self._replicas  # taken from the stream built at that step
+        if elements > 0:
+            window, delivered = self._log.after(elements)
+            self.window.assign(window)
+            self.in_window.assign(delivered)
+
+    def describe(self) -> str:
+        return (f"the input pipeline continues from window {int(self.window.numpy()):,} "
+                f"({self._window_size} examples each), past its first {int(self.in_window.numpy())} output(s)")
 
 
 def _explained(config: Config, error: Exception) -> Exception:

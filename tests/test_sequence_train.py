@@ -1,0 +1,83 @@
+"""`train` on packed or bucketed input resumes exactly: the checkpoint holds the window and the outputs
+of it delivered, and they are those of the uninterrupted stream at the saved step.
+
+A windowed pipeline's position cannot be computed from the step (a batch holds as many examples as
+the data packs into it), so `fit`'s consumption is logged (`PositionLog`); the test compares what
+`train` saved with what the package's own iterator reaches after as many steps, with 8 replicas.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_pipeline.cluster import resolve
+from tpu_pipeline.config import config_from_dict
+from tpu_pipeline.config.cluster import ClusterConfig
+from tpu_pipeline.model import tf_keras
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.records.writer import int_feature, write_split
+
+VOCAB = 50
+
+
+def write_token_records(directory, count: int = 240) -> str:
+    rng = np.random.default_rng(7)
+
+    def examples():
+        for index in range(count):
+            tokens = rng.integers(0, VOCAB, int(rng.integers(1, 40))).tolist()
+            feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens)), "id": int_feature(index)}
+            yield tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    write_split(examples(), str(directory), "train", 3, "")
+    return str(directory / "train-*")
+
+
+def config(files: str, run_dir: str, mode: str, epochs: int):
+    sequence = {"keys": ["tokens"], "length": 32, "mode": mode, "overflow": "truncate", "window": 48}
+    features = {"tokens": {"dtype": "int64", "kind": "ragged"}}
+    outputs = {"inputs": "tokens", "targets": "tokens"}
+    if mode == "bucket":
+        sequence["boundaries"] = [16, 32]
+    return config_from_dict({
+        "data": {"source": {"type": "tfrecord", "files": files}, "features": features, "sequence": sequence,
+                 "batch_size": 16, "repeat": "forever", "seed": 5, "outputs": outputs},
+        "train": {"epochs": epochs, "steps_per_epoch": 3, "run_dir": run_dir, "checkpoint_every_steps": 2,
+                  "tensorboard": False, "num_classes": VOCAB},
+        "cluster": {"cpu_replicas": 8},
+    })
+
+
+def per_token_model(input_shape, num_classes):
+    tokens = tf_keras.Input([None], dtype=tf.int32)
+    return tf_keras.Model(tokens, tf_keras.layers.Dense(VOCAB)(tf_keras.layers.Embedding(VOCAB, 4)(tokens)))
+
+
+def saved_position(run_dir: str) -> tuple[int, int]:
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(f"{run_dir}/checkpoints"))
+    return (int(reader.get_tensor("data/window/.ATTRIBUTES/VARIABLE_VALUE")),
+            int(reader.get_tensor("data/in_window/.ATTRIBUTES/VARIABLE_VALUE")))
+
+
+@pytest.mark.parametrize("mode", ["pack", "bucket"])
+def test_train_saves_the_windowed_position_of_the_uninterrupted_stream(tmp_path, mode):
+    from tpu_pipeline.train import train
+
+    files = write_token_records(tmp_path / "data")
+    cluster = resolve(ClusterConfig(cpu_replicas=8))
+    run_dir = str(tmp_path / "run")
+    train(config(files, run_dir, mode, 1), cluster=cluster, model_fn=per_token_model, printer=lambda line: None)
+    after_three = saved_position(run_dir)
+    lines: list[str] = []
+    metrics = train(config(files, run_dir, mode, 3), cluster=cluster, model_fn=per_token_model, printer=lines.append)
+    assert metrics["resumed_from_step"] == 3 and metrics["steps"] == 9
+    assert any("the input pipeline continues from window" in line for line in lines), lines
+
+    iterator = Pipeline.from_config(config(files, run_dir, mode, 3).data).distributed_iterator(cluster.strategy)
+    for step in range(1, 10):
+        next(iterator)
+        if step == 3:
+            assert after_three == (int(iterator.window.numpy()), int(iterator.in_window.numpy()))
+    assert saved_position(run_dir) == (int(iterator.window.numpy()), int(iterator.in_window.numpy()))
+    assert saved_position(run_dir) != after_three
