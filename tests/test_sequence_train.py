@@ -81,3 +81,33 @@ def test_train_saves_the_windowed_position_of_the_uninterrupted_stream(tmp_path,
             assert after_three == (int(iterator.window.numpy()), int(iterator.in_window.numpy()))
     assert saved_position(run_dir) == (int(iterator.window.numpy()), int(iterator.in_window.numpy()))
     assert saved_position(run_dir) != after_three
+
+
+def test_exact_evaluation_of_packed_input_counts_every_token_once_in_equal_static_steps(tmp_path):
+    """Two input pipelines x 8 replicas: rows are counted by a pass, the last batch and steps padded with
+    zero-weight rows (segment ids 0), and every token of every example (cut to the length) is in one row."""
+    files = write_token_records(tmp_path / "data", count=150)
+    data = config(files, str(tmp_path / "run"), "pack", 1).data.model_copy(update={"repeat": 1})
+    data = data.model_copy(update={"outputs": data.outputs.model_copy(update={"inputs": ["tokens", "tokens_segment_ids"]})})
+    pipeline = Pipeline.from_config(data).for_evaluation()
+    steps = pipeline.evaluation_steps(8, 2)
+    real_tokens, padding_rows = 0, 0
+    for index in range(2):
+        batches = list(pipeline.build(tf.distribute.InputContext(2, index, 8)))
+        assert len(batches) == steps * 4  # each pipeline feeds 4 replicas per step
+        for inputs, targets, weights in batches:
+            segments, weights = inputs["tokens_segment_ids"].numpy(), weights.numpy()
+            assert segments.shape == (2, 32) and targets.shape == (2, 32)
+            assert ((segments > 0).any(axis=1) == (weights > 0)).all()  # weight 1 exactly on rows with tokens
+            real_tokens += int((segments > 0).sum())
+            padding_rows += int((weights == 0).sum())
+    stored = sum(min(32, len(tf.train.Example.FromString(record.numpy()).features.feature["tokens"].int64_list.value))
+                 for record in tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(files))))
+    assert real_tokens == stored and padding_rows > 0
+
+
+def test_exact_evaluation_refuses_buckets_in_one_line(tmp_path):
+    files = write_token_records(tmp_path / "data", count=20)
+    data = config(files, str(tmp_path / "run"), "bucket", 1).data.model_copy(update={"repeat": 1})
+    with pytest.raises(Exception, match=r"^data.sequence.mode=bucket: exact evaluation .* use mode: pack or pad for data$"):
+        Pipeline.from_config(data).for_evaluation()

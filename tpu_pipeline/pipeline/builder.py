@@ -136,7 +136,11 @@ class Pipeline:
             names = {} if outputs is None else {
                 position: key for position, key in (("inputs", outputs.inputs), ("targets", outputs.targets))
                 if isinstance(key, str)}
-            check_tpu_compatible(dataset, names)
+            sequence = self.plan.sequence.value if self.plan is not None else None
+            check_tpu_compatible(dataset, names, tuple(self.windowed.keys) if isinstance(self.windowed, Bucket) else (),
+                                 sequence_lengths=(sequence.lengths if sequence else {}) if self.plan else None,
+                                 bucket_lengths=sequence.bucket_lengths if sequence else (),
+                                 replicas=context.num_replicas_in_sync, prefix=self.prefix)
         return dataset
 
     @property
@@ -301,8 +305,17 @@ class Pipeline:
     def for_evaluation(self) -> "Pipeline":
         """This pipeline for exact evaluation: every record of one pass, split between input pipelines
         without leaving any out; the last batch padded and later steps filled with zero-weight
-        examples (`PadToSteps`), so shapes stay static and each example counts exactly once."""
-        batches = [stage for stage in self.stages if isinstance(stage, Batch)]
+        examples (`PadToSteps`), so shapes stay static and each example counts exactly once.
+
+        Packed input: how many rows a pass makes depends on the data, so the rows of each input
+        pipeline are counted by one pass when the steps are first asked for (padding rows have
+        segment ids 0 and weight 0; every token counts once). Bucketed input is refused: its
+        batches have no one shape to pad a step with."""
+        if isinstance(self.windowed, Bucket):
+            raise ConfigError(f"{self.prefix}.sequence.mode=bucket: exact evaluation fills the last steps with zero-weight "
+                              "batches of one shape, which bucketing does not have; use mode: pack or pad for "
+                              f"{self.prefix}")
+        batches = [stage for stage in self.stages if isinstance(stage, Batch) and stage.per_replica]
         repeats = [stage for stage in self.stages if isinstance(stage, Repeat)]
         outputs = [stage for stage in self.stages if isinstance(stage, ToOutputs)]
         if not batches or not outputs or outputs[0].targets is None:
@@ -316,11 +329,14 @@ class Pipeline:
                 raise ConfigError(f"eval_data.source.sharding={sharding}: exact evaluation splits records evenly; "
                                   "use sharding: auto")
             source = source.with_read(dataclasses.replace(source.read, cover_all=True, sharding=sharding))
-        pad = PadToSteps(batches[0].global_batch_size, source.epoch_length)
+        unpadded = [dataclasses.replace(stage, drop_remainder=False) if isinstance(stage, Batch) else stage
+                    for stage in self.stages]
+        share = source.epoch_length
+        if self.windowed is not None:
+            share = _CountedRows(dataclasses.replace(self, source=source, stages=unpadded))
+        pad = PadToSteps(batches[-1].global_batch_size, share)
         stages: list[Any] = []
-        for stage in self.stages:
-            if isinstance(stage, Batch):
-                stage = dataclasses.replace(stage, drop_remainder=False)
+        for stage in unpadded:
             stages.append(stage)
             if isinstance(stage, ToOutputs):
                 stages.append(pad)
@@ -362,6 +378,22 @@ class Pipeline:
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),
                    check_tpu=target == "tpu", plan=plan, skipped=skipped, config=config, prefix=prefix,
                    num_classes=num_classes)
+
+
+class _CountedRows:
+    """Rows one pass of a packed pipeline delivers to input pipeline `context`, counted by running it
+    once (remembered per context): what `PadToSteps` needs to pad every pipeline to the same steps."""
+
+    def __init__(self, pipeline: "Pipeline") -> None:
+        self._pipeline = pipeline
+        self._counts: dict[tuple[int, int, int], int] = {}
+
+    def __call__(self, context: tf.distribute.InputContext) -> int:
+        key = (context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync)
+        if key not in self._counts:
+            batches = self._pipeline.build(context).map(lambda *element: tf.shape(tf.nest.flatten(element)[0])[0])
+            self._counts[key] = int(batches.reduce(tf.constant(0), lambda total, rows: total + rows))
+        return self._counts[key]
 
 
 def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: str,
