@@ -1,0 +1,356 @@
+"""Variable-length tokens into static rows, end to end: our data.sequence modes against the usual ways.
+
+    .venv/bin/python benchmarks/bench_sequences.py --rounds 3 --seconds 2
+    .venv/bin/python benchmarks/bench_sequences.py --workloads long@1024,text@1024 --skip "ours bucket"
+
+Every pipeline reads the SAME TFRecord files (benchmarks/sequence_workloads.py: tf.Examples with one
+variable-length int64 `tokens` feature, generated once under $TPU_PIPELINE_CACHE/bench), parses them
+(parse is part of every pipeline's cost) and delivers batches of 64 rows of int32 tokens, repeating
+the files forever, on one input pipeline on the CPU:
+
+  ours pack       data.sequence mode pack (overflow truncate), built by Pipeline.from_config
+  ours bucket     data.sequence mode bucket, boundaries L/8, L/4, L/2, L (overflow truncate)
+  ours pad        data.sequence mode pad (overflow truncate)
+  pack, batched   our Pack stage (tpu_pipeline.pipeline.packing, first fit decreasing, truncate) used
+                  directly on a batched parse: parse_example of 1024 records, each parsed ragged
+                  batch packed as one window (Pack(window=None)), then batch: what packing costs
+                  without a per-example element in front of it
+  pad (tfm)       what tensorflow/models does: parse each example, cut/pad it to L with an input
+                  mask, batch
+  tf bucket       tf.data's own `Dataset.bucket_by_sequence_length` with pad_to_bucket_boundary=True
+                  and the same bucket lengths as ours (tf's boundaries are exclusive: ours + 1)
+  seqio pack      seqio.utils.trim_and_pack_dataset (next fit, one open row; ids + 1, since it counts
+                  non-zero tokens as the length), parsed one example at a time, then batch
+  concat-split    all tokens of a batched parse (parse_example of 1024 records) concatenated and cut
+                  into rows of L (`rebatch` of the flat values): no padding at all, the physical limit
+                  of density (nothing is truncated either: more tokens per example than the others)
+  parse only      batched parse (`parse_example` of 1024 records, RaggedFeature) and nothing else
+  parse 1-by-1    `parse_single_example` of each record, then ragged_batch(64), and nothing else:
+                  with "parse only", the cost of the parse that feeds a sequence stage (ours parses
+                  one by one when data.sequence is set), for the packing-cost target
+
+Measured per pipeline: non-padding tokens per second, per CPU-second (all threads of this process),
+the non-padding fraction (non-padding tokens / token slots delivered: a bucket's padding examples
+and a packed row's tail count as slots), examples per second and CPU µs per example. Non-padding
+is counted from masks or segment ids (never by value: id 0 is a real token here), examples from
+segment ids or masks (concat-split: tokens / mean example length).
+
+Each round builds every pipeline afresh in a rotated order, pulls batches inside a tf.function for
+--warmup seconds after the first batch (past the packer's XLA compile on its first windows), then
+times about --seconds of batches. Ratios are taken within a round, then median and worst (lowest)
+over rounds. Absolute rates drift on a shared 2-core machine: read the ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import psutil  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import sequence_workloads  # noqa: E402
+from bench_packing import import_seqio_utils  # noqa: E402
+from tpu_pipeline.config import config_from_dict  # noqa: E402
+from tpu_pipeline.pipeline import Pipeline  # noqa: E402
+from tpu_pipeline.pipeline.packing import Pack  # noqa: E402
+
+KEY = sequence_workloads.KEY
+BATCH = 64
+AUTO = tf.data.AUTOTUNE
+WORKLOADS = {  # name: (files, row length)
+    "long@1024": ("seq_long", 1024),
+    "long@2048": ("seq_long", 2048),
+    "short@128": ("seq_short", 128),
+    "text@1024": ("seq_text", 1024),
+}
+SEQIO = "seqio pack"
+PAD_TFM = "pad (tfm)"
+PARSE = "parse only"
+PARSE_ONE = "parse 1-by-1"
+PACK_WINDOW = 1024  # "pack, batched": examples per batched parse, each packed as one window (the plan's auto window)
+
+Counter = Callable[[Any], tuple[tf.Tensor, tf.Tensor, tf.Tensor]]  # batch -> (non-padding, slots, examples)
+
+
+def boundaries(length: int) -> list[int]:
+    return [length // 8, length // 4, length // 2, length]
+
+
+# --- counting what a batch delivers ---------------------------------------------------------------
+
+def _i64(value: tf.Tensor) -> tf.Tensor:
+    return tf.cast(value, tf.int64)
+
+
+def count_segments(batch: dict) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Packed rows: non-padding = segment id > 0; examples = the highest segment id of each row."""
+    segments = batch[f"{KEY}_segment_ids"]
+    return (tf.math.count_nonzero(segments, dtype=tf.int64), _i64(tf.size(segments)),
+            _i64(tf.reduce_sum(tf.reduce_max(segments, axis=1))))
+
+
+def count_mask(mask_key: str, example_key: str | None = None) -> Counter:
+    """Padded rows: non-padding = the mask's sum; examples = rows (or the example mask's sum)."""
+    def count(batch: dict) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        mask = batch[mask_key]
+        examples = tf.reduce_sum(_i64(batch[example_key])) if example_key else _i64(tf.shape(mask)[0])
+        return tf.reduce_sum(_i64(mask)), _i64(tf.size(mask)), examples
+    return count
+
+
+def count_dense(mean_length: float) -> Counter:
+    def count(batch: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        size = _i64(tf.size(batch))
+        return size, size, _i64(tf.round(tf.cast(size, tf.float64) / mean_length))
+    return count
+
+
+def count_parsed(batch: dict) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    tokens = _i64(tf.size(batch[KEY].flat_values))
+    return tokens, tokens, _i64(batch[KEY].nrows())
+
+
+# --- the pipelines ----------------------------------------------------------------------------------
+
+def records(pattern: str) -> tf.data.Dataset:
+    """Serialized records of every shard, round robin, forever (the baselines' common reader)."""
+    files = tf.data.Dataset.list_files(pattern, shuffle=False)
+    return files.repeat().interleave(tf.data.TFRecordDataset, cycle_length=sequence_workloads.SHARDS,
+                                     num_parallel_calls=AUTO)
+
+
+def parse_one(record: tf.Tensor) -> tf.Tensor:
+    """One tf.Example's tokens, 1-D int32."""
+    return tf.cast(tf.io.parse_single_example(record, {KEY: tf.io.RaggedFeature(tf.int64)})[KEY], tf.int32)
+
+
+def parse_batch(records_: tf.Tensor) -> dict:
+    parsed = tf.io.parse_example(records_, {KEY: tf.io.RaggedFeature(tf.int64)})
+    return {KEY: tf.cast(parsed[KEY], tf.int32)}
+
+
+def ours_config(pattern: str, length: int, mode: str) -> dict:
+    sequence: dict[str, Any] = {"keys": [KEY], "length": length, "mode": mode, "overflow": "truncate"}
+    if mode == "bucket":
+        sequence["boundaries"] = boundaries(length)
+    return {"data": {"source": {"type": "tfrecord", "files": pattern},
+                     "features": {KEY: {"dtype": "int64", "kind": "ragged"}},
+                     "sequence": sequence, "batch_size": BATCH, "repeat": "forever", "shuffle": {"enabled": False}}}
+
+
+def ours(pattern: str, length: int, mode: str) -> tf.data.Dataset:
+    config = config_from_dict(ours_config(pattern, length, mode)).data
+    return Pipeline.from_config(config).build()
+
+
+def pack_batched(pattern: str, length: int) -> tf.data.Dataset:
+    """Our Pack stage alone on a batched parse: each parsed [W, None] batch packed as one window."""
+    parsed = records(pattern).batch(PACK_WINDOW).map(parse_batch, num_parallel_calls=AUTO)
+    stage = Pack({KEY: length}, window=None, overflow="truncate")
+    return stage.apply(parsed).batch(BATCH, drop_remainder=True).prefetch(AUTO)
+
+
+def pad_tfm(pattern: str, length: int) -> tf.data.Dataset:
+    """tensorflow/models' way: decode one example, cut and pad it to `length` with an input mask, batch."""
+    def pad(record: tf.Tensor) -> dict:
+        tokens = parse_one(record)[:length]
+        size = tf.size(tokens)
+        return {KEY: tf.ensure_shape(tf.pad(tokens, [[0, length - size]]), [length]),
+                "input_mask": tf.ensure_shape(tf.pad(tf.ones([size], tf.int32), [[0, length - size]]), [length])}
+    return records(pattern).map(pad, num_parallel_calls=AUTO).batch(BATCH, drop_remainder=True).prefetch(AUTO)
+
+
+def tf_bucket(pattern: str, length: int) -> tf.data.Dataset:
+    """tf.data's bucket_by_sequence_length, padded to each bucket's length (ours + 1: tf's are exclusive)."""
+    def parse(record: tf.Tensor) -> dict:
+        tokens = parse_one(record)[:length]
+        return {KEY: tokens, "input_mask": tf.ones_like(tokens)}
+    bounds = [b + 1 for b in boundaries(length)]
+    dataset = records(pattern).map(parse, num_parallel_calls=AUTO)
+    dataset = dataset.bucket_by_sequence_length(
+        lambda example: tf.shape(example[KEY])[0], bounds, [BATCH] * (len(bounds) + 1),
+        pad_to_bucket_boundary=True, drop_remainder=True)
+    return dataset.prefetch(AUTO)
+
+
+def seqio_pack(seqio_utils: Any, pattern: str, length: int) -> tf.data.Dataset:
+    dataset = records(pattern).map(lambda record: {KEY: parse_one(record) + 1}, num_parallel_calls=AUTO)
+    return seqio_utils.trim_and_pack_dataset(dataset, {KEY: length}).batch(BATCH, drop_remainder=True).prefetch(AUTO)
+
+
+def concat_split(pattern: str, length: int) -> tf.data.Dataset:
+    """Every token, concatenated and cut into rows: batched parse → flat values → rebatch(64 × length)."""
+    flat = records(pattern).batch(PACK_WINDOW).map(lambda r: parse_batch(r)[KEY].flat_values, num_parallel_calls=AUTO)
+    rows = flat.rebatch(BATCH * length, drop_remainder=True)
+    return rows.map(lambda tokens: tf.reshape(tokens, [BATCH, length])).prefetch(AUTO)
+
+
+def parse_only(pattern: str) -> tf.data.Dataset:
+    return records(pattern).batch(PACK_WINDOW).map(parse_batch, num_parallel_calls=AUTO).prefetch(AUTO)
+
+
+def parse_one_by_one(pattern: str) -> tf.data.Dataset:
+    dataset = records(pattern).map(lambda record: {KEY: parse_one(record)}, num_parallel_calls=AUTO)
+    return dataset.ragged_batch(BATCH, drop_remainder=True).prefetch(AUTO)
+
+
+def pipelines(pattern: str, length: int, mean_length: float, seqio_utils: Any) -> dict[str, tuple[Callable, Counter]]:
+    out: dict[str, tuple[Callable, Counter]] = {
+        "ours pack": (lambda: ours(pattern, length, "pack"), count_segments),
+        "ours bucket": (lambda: ours(pattern, length, "bucket"), count_mask(f"{KEY}_mask", "example_mask")),
+        "ours pad": (lambda: ours(pattern, length, "pad"), count_mask(f"{KEY}_mask")),
+        "pack, batched": (lambda: pack_batched(pattern, length), count_segments),
+        PAD_TFM: (lambda: pad_tfm(pattern, length), count_mask("input_mask")),
+        "tf bucket": (lambda: tf_bucket(pattern, length), count_mask("input_mask")),
+    }
+    if seqio_utils is not None:
+        out[SEQIO] = (lambda: seqio_pack(seqio_utils, pattern, length), count_segments)
+    out["concat-split"] = (lambda: concat_split(pattern, length), count_dense(mean_length))
+    out[PARSE] = (lambda: parse_only(pattern), count_parsed)
+    out[PARSE_ONE] = (lambda: parse_one_by_one(pattern), count_parsed)
+    return out
+
+
+# --- timing -----------------------------------------------------------------------------------------
+
+def consumer(count: Counter) -> Callable:
+    @tf.function
+    def consume(iterator: Any, batches: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        tokens = tf.constant(0, tf.int64)
+        slots = tf.constant(0, tf.int64)
+        examples = tf.constant(0, tf.int64)
+        for _ in tf.range(batches):
+            t, s, e = count(next(iterator))
+            tokens += t
+            slots += s
+            examples += e
+        return tokens, slots, examples
+    return consume
+
+
+def measure(build: Callable[[], tf.data.Dataset], count: Counter, warmup: float, seconds: float) -> dict:
+    """Build, pull one batch, warm up for `warmup` seconds, then time about `seconds` of batches."""
+    consume = consumer(count)
+    iterator = iter(build())
+    consume(iterator, tf.constant(1, tf.int64))
+    start, pulled = time.perf_counter(), 0
+    while time.perf_counter() - start < warmup:
+        consume(iterator, tf.constant(4, tf.int64))
+        pulled += 4
+    rate = pulled / max(time.perf_counter() - start, 1e-3)
+    batches = max(4, int(rate * seconds))
+    process = psutil.Process()
+    cpu = sum(process.cpu_times()[:2])
+    start = time.perf_counter()
+    tokens, slots, examples = (int(v) for v in consume(iterator, tf.constant(batches, tf.int64)))
+    elapsed = time.perf_counter() - start
+    cpu = sum(process.cpu_times()[:2]) - cpu
+    return {"seconds": elapsed, "cpu": cpu, "batches": batches, "tokens": tokens, "slots": slots, "examples": examples,
+            "tok_s": tokens / elapsed, "tok_cpu_s": tokens / max(cpu, 1e-9), "fill": tokens / max(slots, 1),
+            "ex_s": examples / elapsed, "cpu_us_ex": cpu / max(examples, 1) * 1e6}
+
+
+def ratio_cell(rounds: list[dict], name: str, reference: str, field: str) -> str:
+    if reference not in rounds[0] or name == reference:
+        return "-"
+    ratios = [r[name][field] / r[reference][field] for r in rounds]
+    return f"{statistics.median(ratios):5.2f} ({min(ratios):4.2f})"
+
+
+def bench_workload(workload: str, args: argparse.Namespace, seqio_utils: Any) -> dict:
+    name, length = WORKLOADS[workload]
+    meta = sequence_workloads.ensure(name, args.cache_dir)
+    stats = meta["lengths"]
+    pattern = os.path.join(meta["dir"], "train-*.tfrecord")
+    table = pipelines(pattern, length, stats["mean"], seqio_utils)
+    for skipped in filter(None, args.skip.split(",")):
+        table.pop(skipped.strip(), None)
+    names = list(table)
+    kept = stats["kept"].get(str(length))
+    print(f"\n== {workload}: {stats['examples']} examples ({name}), median {stats['median']:.0f} tokens, "
+          f"mean {stats['mean']:.0f}, max {stats['max']}, {stats['over'].get(str(length), 0):.1%} over {length}; "
+          f"rows of {length}, batches of {BATCH} rows; bucket lengths {boundaries(length)}"
+          + (f"; truncating keeps {kept / stats['tokens']:.1%} of the tokens" if kept else "") + " ==", flush=True)
+    print(f"  ours pack: {window_used(pattern, length)}", flush=True)
+    rounds: list[dict] = []
+    for index in range(args.rounds):
+        order = names[index % len(names):] + names[:index % len(names)]
+        results = {}
+        for pipeline in order:
+            build, count = table[pipeline]
+            results[pipeline] = measure(build, count, args.warmup, args.seconds)
+        rounds.append(results)
+        print(f"  round {index + 1}: " + ", ".join(f"{n} {results[n]['tok_s'] / 1e6:.2f}" for n in names)
+              + " M non-padding tokens/s", flush=True)
+
+    def med(pipeline: str, field: str) -> float:
+        return statistics.median(r[pipeline][field] for r in rounds)
+
+    print(f"{'pipeline':14s} {'non-pad':>7s} {'Mtok/s':>7s} {'Mtok/CPU-s':>10s} {'ex/s':>8s} {'CPU µs/ex':>9s} "
+          f"{'cores':>5s} | {'tok/s ÷ seqio':>13s} {'tok/CPU-s ÷ seqio':>17s} {'tok/s ÷ pad(tfm)':>16s}")
+    for pipeline in names:
+        cores = med(pipeline, "cpu") / med(pipeline, "seconds")
+        print(f"{pipeline:14s} {med(pipeline, 'fill'):7.3f} {med(pipeline, 'tok_s') / 1e6:7.2f} "
+              f"{med(pipeline, 'tok_cpu_s') / 1e6:10.2f} {med(pipeline, 'ex_s'):8,.0f} "
+              f"{med(pipeline, 'cpu_us_ex'):9.1f} {cores:5.2f} | {ratio_cell(rounds, pipeline, SEQIO, 'tok_s'):>13s} "
+              f"{ratio_cell(rounds, pipeline, SEQIO, 'tok_cpu_s'):>17s} "
+              f"{ratio_cell(rounds, pipeline, PAD_TFM, 'tok_s'):>16s}")
+    for packer, parse in (("ours pack", PARSE_ONE), ("pack, batched", PARSE)):
+        if packer not in names:
+            continue
+        line = f"  {packer}: non-padding {med(packer, 'fill'):.3f}"
+        if SEQIO in names:
+            ratios = [r[packer]["tok_s"] / r[SEQIO]["tok_s"] for r in rounds]
+            line += f"; tokens/s ÷ seqio {statistics.median(ratios):.2f} (worst {min(ratios):.2f})"
+        if parse in names:  # the parse that feeds it, measured alone
+            stage = [r[packer]["cpu_us_ex"] - r[parse]["cpu_us_ex"] for r in rounds]
+            line += (f"; packing stage ({packer} − {parse}) {statistics.median(stage):.1f} CPU µs/ex "
+                     f"vs the parse {med(parse, 'cpu_us_ex'):.1f}")
+        print(line, flush=True)
+    return {"workload": workload, "length": length, "stats": stats, "rounds": rounds}
+
+
+def window_used(pattern: str, length: int) -> str:
+    """The packing window W our plan picks for the pack config (data.sequence.window: auto), and why."""
+    try:
+        pipeline = Pipeline.from_config(config_from_dict(ours_config(pattern, length, "pack")).data)
+        decision = pipeline.plan.sequence
+        return f"W = {decision.value.window} ({decision.reason}); parse: {pipeline.plan.parse.value}"
+    except Exception as error:  # noqa: BLE001 (printed, never hidden)
+        return f"? ({type(error).__name__}: {error})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per pipeline per round")
+    parser.add_argument("--warmup", type=float, default=1.5, help="seconds pulled after the first batch, untimed")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--skip", default="", help="comma-separated pipelines to leave out")
+    parser.add_argument("--cache_dir", default=None)
+    parser.add_argument("--json", default=None, help="write every measurement here")
+    args = parser.parse_args()
+    seqio_utils = import_seqio_utils()
+    if seqio_utils is None:
+        print("seqio is not installed (.venv/bin/python -m pip install --no-deps seqio): no seqio column")
+    print(f"TF {tf.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+          f"{args.rounds} rounds, {args.warmup} s warm-up + ~{args.seconds} s timed per pipeline per round")
+    results = []
+    for workload in args.workloads.split(","):
+        results.append(bench_workload(workload, args, seqio_utils))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The sequence benchmark's workloads: tf.Examples with one variable-length int64 `tokens` feature.
+
+    .venv/bin/python benchmarks/sequence_workloads.py     # once (~10 s); bench_sequences.py also does it
+
+  seq_long   32768 documents, lognormal lengths (median 300 tokens, sigma 1.0: mean ~500, ~11% over
+             1024, ~3% over 2048), ids uniform in [0, 32000)
+  seq_short  131072 sentences, lognormal lengths (median 12 tokens, sigma 0.6: mean ~14, max ~200), same ids
+  seq_text   the CPython documentation that ships with every Python (`pydoc_data.topics`), split
+             into paragraphs at blank lines, byte-tokenized as the tokenize_bytes op does (UTF-8
+             bytes + 3); topics in sorted order, paragraphs in document order (2608 paragraphs,
+             median 114 tokens, mean 177, 0.5% over 1024)
+
+Token id 0 is a real token here (the synthetic ids include it). Each is written once, in 4 shards,
+under $TPU_PIPELINE_CACHE/bench/<name> with metadata.json (its feature spec and length statistics);
+generated data is never committed.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from typing import Iterator
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402
+
+from tpu_pipeline.format import read_metadata, write_metadata  # noqa: E402
+from tpu_pipeline.ops.sequence import BYTE_OFFSET  # noqa: E402
+from tpu_pipeline.records.writer import write_split  # noqa: E402
+from workloads import bench_dir  # noqa: E402
+
+KEY = "tokens"
+VOCAB = 32_000
+SHARDS = 4
+SYNTHETIC = {  # name: (examples, lognormal median, sigma)
+    "seq_long": (32_768, 300, 1.0),
+    "seq_short": (131_072, 12, 0.6),
+}
+NAMES = ("seq_long", "seq_short", "seq_text")
+
+
+def synthetic_lengths(name: str, seed: int = 0) -> tuple[np.random.Generator, np.ndarray]:
+    count, median, sigma = SYNTHETIC[name]
+    rng = np.random.default_rng(seed)
+    return rng, np.maximum(1, rng.lognormal(math.log(median), sigma, count).astype(np.int64))
+
+
+def text_paragraphs() -> list[bytes]:
+    """pydoc_data.topics split at blank lines, as UTF-8 bytes (empty paragraphs dropped)."""
+    from pydoc_data.topics import topics
+
+    paragraphs = []
+    for name in sorted(topics):
+        paragraphs += [p.strip("\n").encode("utf-8") for p in re.split(r"\n[ \t]*\n", topics[name]) if p.strip()]
+    return paragraphs
+
+
+def token_rows(name: str) -> Iterator[np.ndarray]:
+    if name == "seq_text":
+        for paragraph in text_paragraphs():
+            yield np.frombuffer(paragraph, np.uint8).astype(np.int64) + BYTE_OFFSET
+        return
+    rng, lengths = synthetic_lengths(name)
+    ids = rng.integers(0, VOCAB, int(lengths.sum()), dtype=np.int64)
+    for start, length in zip(np.cumsum(lengths) - lengths, lengths):
+        yield ids[start:start + length]
+
+
+def serialize(tokens: np.ndarray) -> bytes:
+    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=tokens.tolist()))
+    return tf.train.Example(features=tf.train.Features(feature={KEY: feature})).SerializeToString()
+
+
+def ensure(name: str, cache_dir: str | None = None) -> dict:
+    """The workload's metadata (its directory under "dir"), generated on first use."""
+    out_dir = os.path.join(bench_dir(cache_dir), name)
+    metadata = read_metadata(out_dir)
+    if metadata is None:
+        lengths: list[int] = []
+
+        def records() -> Iterator[bytes]:
+            for tokens in token_rows(name):
+                lengths.append(len(tokens))
+                yield serialize(tokens)
+
+        split = write_split(records(), out_dir, "train", SHARDS)
+        array = np.array(lengths)
+        stats = {"examples": len(lengths), "tokens": int(array.sum()), "median": float(np.median(array)),
+                 "mean": float(array.mean()), "max": int(array.max()),
+                 "kept": {str(n): int(np.minimum(array, n).sum()) for n in (128, 256, 512, 1024, 2048, 4096)},
+                 "over": {str(n): float((array > n).mean()) for n in (128, 256, 512, 1024, 2048, 4096)}}
+        write_metadata(out_dir, {"name": name, "source": "benchmarks/sequence_workloads.py",
+                                 "features": {KEY: {"dtype": "int64", "kind": "ragged"}},
+                                 "splits": {"train": split}, "lengths": stats})
+        metadata = read_metadata(out_dir)
+    return {**metadata, "dir": out_dir}
+
+
+def files(name: str, cache_dir: str | None = None) -> str:
+    return os.path.join(ensure(name, cache_dir)["dir"], "train-*.tfrecord")
+
+
+if __name__ == "__main__":
+    for workload in NAMES:
+        meta = ensure(workload)
+        stats = meta["lengths"]
+        size = sum(os.path.getsize(os.path.join(meta["dir"], f)) for f in os.listdir(meta["dir"]))
+        print(f"{workload}: {meta['dir']} ({size / 2**20:.0f} MiB): {stats['examples']} examples, "
+              f"{stats['tokens']} tokens, median {stats['median']:.0f}, mean {stats['mean']:.0f}, max {stats['max']}")
