@@ -25,9 +25,13 @@ the files forever, on one input pipeline on the CPU:
                   into rows of L (`rebatch` of the flat values): no padding at all, the physical limit
                   of density (nothing is truncated either: more tokens per example than the others)
   parse only      batched parse (`parse_example` of 1024 records, RaggedFeature) and nothing else
-  parse 1-by-1    `parse_single_example` of each record, then ragged_batch(64), and nothing else:
-                  with "parse only", the cost of the parse that feeds a sequence stage (ours parses
-                  one by one when data.sequence is set), for the packing-cost target
+  parse 1-by-1    `parse_single_example` of each record, then ragged_batch(64), and nothing else
+
+The packing-cost target: the packing stage's CPU µs per example (ours pack − ours pad, the same
+pipeline with mode pad: same read and parse; pack, batched − parse only) beside the parse that feeds
+it measured alone (parse only, or parse 1-by-1 where our plan parses one record at a time). Our plan
+(printed per workload: W, and its parse) may read records in blocks (data.record_block), which the
+plain tf.data pipelines here do not: ours can beat "parse only".
 
 Measured per pipeline: non-padding tokens per second, per CPU-second (all threads of this process),
 the non-padding fraction (non-padding tokens / token slots delivered: a bucket's padding examples
@@ -266,34 +270,61 @@ def ratio_cell(rounds: list[dict], name: str, reference: str, field: str) -> str
     return f"{statistics.median(ratios):5.2f} ({min(ratios):4.2f})"
 
 
+def plan_of(pattern: str, length: int) -> dict:
+    """What our plan decides for the pack config: the window W (data.sequence.window: auto), why, and the parse."""
+    try:
+        plan = Pipeline.from_config(config_from_dict(ours_config(pattern, length, "pack")).data).plan
+        return {"window": plan.sequence.value.window, "why": plan.sequence.reason, "parse": plan.parse.value}
+    except Exception as error:  # noqa: BLE001 (printed, never hidden)
+        return {"window": None, "why": f"{type(error).__name__}: {error}", "parse": "?"}
+
+
 def bench_workload(workload: str, args: argparse.Namespace, seqio_utils: Any) -> dict:
     name, length = WORKLOADS[workload]
     meta = sequence_workloads.ensure(name, args.cache_dir)
-    stats = meta["lengths"]
     pattern = os.path.join(meta["dir"], "train-*.tfrecord")
-    table = pipelines(pattern, length, stats["mean"], seqio_utils)
+    table = pipelines(pattern, length, meta["lengths"]["mean"], seqio_utils)
     for skipped in filter(None, args.skip.split(",")):
         table.pop(skipped.strip(), None)
     names = list(table)
-    kept = stats["kept"].get(str(length))
-    print(f"\n== {workload}: {stats['examples']} examples ({name}), median {stats['median']:.0f} tokens, "
-          f"mean {stats['mean']:.0f}, max {stats['max']}, {stats['over'].get(str(length), 0):.1%} over {length}; "
-          f"rows of {length}, batches of {BATCH} rows; bucket lengths {boundaries(length)}"
-          + (f"; truncating keeps {kept / stats['tokens']:.1%} of the tokens" if kept else "") + " ==", flush=True)
-    print(f"  ours pack: {window_used(pattern, length)}", flush=True)
-    rounds: list[dict] = []
+    result = {"workload": workload, "files": name, "length": length, "stats": meta["lengths"],
+              "plan": plan_of(pattern, length), "names": names, "rounds": []}
+    print_header(result)
     for index in range(args.rounds):
         order = names[index % len(names):] + names[:index % len(names)]
         results = {}
         for pipeline in order:
             build, count = table[pipeline]
             results[pipeline] = measure(build, count, args.warmup, args.seconds)
-        rounds.append(results)
+        result["rounds"].append(results)
         print(f"  round {index + 1}: " + ", ".join(f"{n} {results[n]['tok_s'] / 1e6:.2f}" for n in names)
               + " M non-padding tokens/s", flush=True)
+    print_table(result)
+    return result
+
+
+def print_header(result: dict) -> None:
+    stats, length, plan = result["stats"], result["length"], result["plan"]
+    kept = stats["kept"].get(str(length))
+    over = stats["over"].get(str(length), 0)
+    print(f"\n== {result['workload']}: {stats['examples']} examples ({result['files']}), median {stats['median']:.0f} "
+          f"tokens, mean {stats['mean']:.0f}, max {stats['max']}, {over:.1%} over {length}; "
+          f"rows of {length}, batches of {BATCH} rows; bucket lengths {boundaries(length)}"
+          + (f"; truncating keeps {kept / stats['tokens']:.1%} of the tokens" if kept else "") + " ==", flush=True)
+    print(f"  ours pack: W = {plan['window']} ({plan['why']}); our plan's parse: {plan['parse']}", flush=True)
+
+
+def print_table(result: dict) -> None:
+    rounds, names = result["rounds"], result["names"]
 
     def med(pipeline: str, field: str) -> float:
         return statistics.median(r[pipeline][field] for r in rounds)
+
+    def ratios(a: str, b: str, field: str = "tok_s") -> list[float]:
+        return [r[a][field] / r[b][field] for r in rounds]
+
+    def differences(a: str, b: str) -> list[float]:
+        return [r[a]["cpu_us_ex"] - r[b]["cpu_us_ex"] for r in rounds]
 
     print(f"{'pipeline':14s} {'non-pad':>7s} {'Mtok/s':>7s} {'Mtok/CPU-s':>10s} {'ex/s':>8s} {'CPU µs/ex':>9s} "
           f"{'cores':>5s} | {'tok/s ÷ seqio':>13s} {'tok/CPU-s ÷ seqio':>17s} {'tok/s ÷ pad(tfm)':>16s}")
@@ -304,29 +335,22 @@ def bench_workload(workload: str, args: argparse.Namespace, seqio_utils: Any) ->
               f"{med(pipeline, 'cpu_us_ex'):9.1f} {cores:5.2f} | {ratio_cell(rounds, pipeline, SEQIO, 'tok_s'):>13s} "
               f"{ratio_cell(rounds, pipeline, SEQIO, 'tok_cpu_s'):>17s} "
               f"{ratio_cell(rounds, pipeline, PAD_TFM, 'tok_s'):>16s}")
-    for packer, parse in (("ours pack", PARSE_ONE), ("pack, batched", PARSE)):
+    # The packing stage's cost: the packer minus the same pipeline without it (ours: mode pad, which
+    # reads and parses the same way), beside the cost of the parse that feeds it, measured alone.
+    ours_parse = PARSE if result["plan"]["parse"] == "batched" else PARSE_ONE
+    for packer, without, parse in (("ours pack", "ours pad", ours_parse), ("pack, batched", PARSE, PARSE)):
         if packer not in names:
             continue
         line = f"  {packer}: non-padding {med(packer, 'fill'):.3f}"
         if SEQIO in names:
-            ratios = [r[packer]["tok_s"] / r[SEQIO]["tok_s"] for r in rounds]
-            line += f"; tokens/s ÷ seqio {statistics.median(ratios):.2f} (worst {min(ratios):.2f})"
-        if parse in names:  # the parse that feeds it, measured alone
-            stage = [r[packer]["cpu_us_ex"] - r[parse]["cpu_us_ex"] for r in rounds]
-            line += (f"; packing stage ({packer} − {parse}) {statistics.median(stage):.1f} CPU µs/ex "
-                     f"vs the parse {med(parse, 'cpu_us_ex'):.1f}")
+            line += (f"; tokens/s ÷ seqio {statistics.median(ratios(packer, SEQIO)):.2f} "
+                     f"(worst {min(ratios(packer, SEQIO)):.2f})")
+        if without in names:
+            stage = statistics.median(differences(packer, without))
+            line += f"; packing stage ({packer} − {without}) {stage:.1f} CPU µs/ex"
+        if parse in names:
+            line += f" vs the parse feeding it ({parse}) {med(parse, 'cpu_us_ex'):.1f}"
         print(line, flush=True)
-    return {"workload": workload, "length": length, "stats": stats, "rounds": rounds}
-
-
-def window_used(pattern: str, length: int) -> str:
-    """The packing window W our plan picks for the pack config (data.sequence.window: auto), and why."""
-    try:
-        pipeline = Pipeline.from_config(config_from_dict(ours_config(pattern, length, "pack")).data)
-        decision = pipeline.plan.sequence
-        return f"W = {decision.value.window} ({decision.reason}); parse: {pipeline.plan.parse.value}"
-    except Exception as error:  # noqa: BLE001 (printed, never hidden)
-        return f"? ({type(error).__name__}: {error})"
 
 
 def main() -> None:
@@ -338,7 +362,14 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated pipelines to leave out")
     parser.add_argument("--cache_dir", default=None)
     parser.add_argument("--json", default=None, help="write every measurement here")
+    parser.add_argument("--report", default=None, help="print the tables of a --json file again; measure nothing")
     args = parser.parse_args()
+    if args.report:
+        with open(args.report) as handle:
+            for result in json.load(handle):
+                print_header(result)
+                print_table(result)
+        return
     seqio_utils = import_seqio_utils()
     if seqio_utils is None:
         print("seqio is not installed (.venv/bin/python -m pip install --no-deps seqio): no seqio column")
