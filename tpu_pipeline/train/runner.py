@@ -293,7 +293,8 @@ class WindowedPosition(tf.Module):
         super().__init__(name="data_position")
         if cluster.num_workers > 1:
             raise ConfigError(
-                f"data.sequence.mode={type(pipeline.windowed).__name__.lower()}: each host's stream stops at a place "
+                f"data.sequence.mode={'bucket' if isinstance(pipeline.windowed, Bucket) else 'pack'}: each host's "
+                "stream stops at a place "
                 "of its own, which one chief checkpoint cannot hold yet; train on one host, or use mode: pad"
             )
         self._pipeline = pipeline
