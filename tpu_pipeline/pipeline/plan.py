@@ -58,11 +58,9 @@ class Plan:
 
     def explain(self) -> str:
         """One line per decision: `name  value  (reason)`."""
-        lines = []
-        for name in self.DECISIONS:
-            decision: Decision = getattr(self, name)
-            lines.append(f"  {name:13s} {_show(name, decision.value):22s} {decision.reason}")
-        return "\n".join(lines)
+        shown = {name: _show(name, getattr(self, name).value) for name in self.DECISIONS}
+        width = max(22, *(len(value) for value in shown.values()))  # one column, however long a value
+        return "\n".join(f"  {name:13s} {shown[name]:{width}s} {getattr(self, name).reason}" for name in self.DECISIONS)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: {"value": _plain(name, getattr(self, name).value), "reason": getattr(self, name).reason}

@@ -1,0 +1,194 @@
+"""How much of a sequence batch is tokens: real tokens, token slots and the non-padding fraction.
+
+    real, slots = real_and_slots(batch)      # int64 scalars
+    non_padding_fraction(batch)              # float32 scalar: real / slots (0 when there are no slots)
+
+A `data.sequence` pipeline marks padding beside each token key, never by value (token 0 is real):
+
+- pack: `<key>_segment_ids`, 0 on padding → real = segment id > 0;
+- pad, bucket: `<key>_mask`, 1 on real tokens → real = mask == 1 (in bucket mode the padding
+  examples that fill a bucket's last batch have an all-0 mask, so they count as padding too).
+
+Slots are all positions of the key ([b, length]: b × length), what the accelerator computes on.
+A batch is what the pipeline yields: a feature dict, or Keras' `(inputs, targets[, weights])` with
+each part a tensor or a dict (data.outputs with lists of keys): keys are found by these names
+wherever they are (their marker, `<key>_mask` or `<key>_segment_ids`, must be in the batch).
+
+Which key: by default the FIRST sequence key, in the order tf.nest walks the batch (a dict's keys
+sorted, the tuple in order: `inputs` before `targets`). One key, because the keys of one example
+are usually the same tokens (a language model's inputs and targets, shifted by one): summing them
+would count each token twice in tokens/s, and would not change the fraction. `keys=` names one key
+or several (their counts are summed), e.g. `keys=["inputs", "targets"]` for T5-style lengths.
+
+TF ops only: works eagerly, in a `tf.function` and in a `dataset.map`. `example_lengths`,
+`pad_fraction` and `pack_fraction` serve `tpu-pipeline doctor`: the fraction another mode or
+window would reach on the examples seen, computed with the pipeline's own packer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tpu_pipeline.pipeline.packing import Pack
+
+MASK_SUFFIX = "_mask"  # pad, bucket: 1 on real tokens
+SEGMENT_SUFFIX = "_segment_ids"  # pack: 1, 2, ... per example, 0 on padding
+EXAMPLE_MASK = "example_mask"  # bucket: 1 on real examples (not a token key's mask)
+
+Keys = Union[str, Sequence[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceKey:
+    """A token key of a batch and the feature that marks its real tokens."""
+
+    name: str  # the token key, e.g. "tokens"
+    marker: str  # "tokens_segment_ids" (pack) or "tokens_mask" (pad, bucket)
+
+    @property
+    def packed(self) -> bool:
+        return self.marker.endswith(SEGMENT_SUFFIX)
+
+
+def _leaves(element: Any, name: str = "") -> Iterator[tuple[str, Any]]:
+    """(feature name, value) for every tensor or spec of a batch, in tf.nest's order."""
+    if isinstance(element, dict):
+        for key in sorted(element):
+            yield from _leaves(element[key], str(key))
+    elif isinstance(element, (tuple, list)):
+        for item in element:
+            yield from _leaves(item, "")
+    elif name:
+        yield name, element
+
+
+def _rank(value: Any) -> Optional[int]:
+    shape = getattr(value, "shape", None)
+    return None if shape is None else len(shape)
+
+
+def sequence_keys(batch_or_spec: Any) -> list[SequenceKey]:
+    """The token keys of a batch (or of its `element_spec`), in tf.nest's order. A key is a
+    rank-2 feature `k` with `k_segment_ids` (pack) or `k_mask` (pad, bucket) beside it; `k_mask`
+    alone also counts (the marker has the key's shape), so a batch that kept only the mask works."""
+    leaves = dict(_leaves(batch_or_spec))
+    found: dict[str, SequenceKey] = {}
+    for name, value in leaves.items():
+        for suffix in (SEGMENT_SUFFIX, MASK_SUFFIX):
+            if name.endswith(suffix) and name != EXAMPLE_MASK and _rank(value) == 2:
+                key = name[: -len(suffix)]
+                if key and (key not in found or suffix == SEGMENT_SUFFIX):
+                    found[key] = SequenceKey(key, name)
+    order = {name: index for index, name in enumerate(leaves)}
+    return sorted(found.values(), key=lambda k: order.get(k.name, order[k.marker]))
+
+
+def _chosen(batch: Any, keys: Keys) -> tuple[list[SequenceKey], dict[str, Any]]:
+    leaves = dict(_leaves(batch))
+    available = sequence_keys(batch)
+    if not available:
+        raise ValueError(
+            f"no token key in this batch (features: {sorted(leaves)}): a data.sequence batch has <key>_segment_ids "
+            "(pack) or <key>_mask (pad, bucket) beside each key; with data.outputs, pick keys as lists so they stay named")
+    if keys is None:
+        return available[:1], leaves
+    wanted = [keys] if isinstance(keys, str) else list(keys)
+    by_name = {k.name: k for k in available}
+    missing = [k for k in wanted if k not in by_name]
+    if missing:
+        raise ValueError(f"keys {missing} have no <key>_segment_ids or <key>_mask in this batch; "
+                         f"token keys here: {sorted(by_name)}")
+    return [by_name[k] for k in wanted], leaves
+
+
+def _real(marker: tf.Tensor, packed: bool) -> tf.Tensor:
+    marker = tf.convert_to_tensor(marker)
+    return marker > 0 if packed else tf.equal(marker, tf.ones([], marker.dtype))
+
+
+def real_and_slots(batch: Any, keys: Keys = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """(real tokens, token slots) of a batch, int64 scalars, over the first token key (or `keys`)."""
+    chosen, leaves = _chosen(batch, keys)
+    real = tf.constant(0, tf.int64)
+    slots = tf.constant(0, tf.int64)
+    for key in chosen:
+        marker = tf.convert_to_tensor(leaves[key.marker])
+        real += tf.math.count_nonzero(_real(marker, key.packed), dtype=tf.int64)
+        slots += tf.size(marker, out_type=tf.int64)
+    return real, slots
+
+
+def non_padding_fraction(batch: Any, keys: Keys = None) -> tf.Tensor:
+    """Real tokens / token slots of a batch (float32 scalar; 0 for a batch with no slots)."""
+    real, slots = real_and_slots(batch, keys)
+    return tf.cast(tf.math.divide_no_nan(tf.cast(real, tf.float64), tf.cast(slots, tf.float64)), tf.float32)
+
+
+def real_examples(batch: Any, keys: Keys = None) -> tf.Tensor:
+    """Examples in a batch (int64 scalar): pack → segments (the largest segment id of each row,
+    summed); bucket → rows with `example_mask` 1; pad → rows."""
+    chosen, leaves = _chosen(batch, keys)
+    marker = tf.convert_to_tensor(leaves[chosen[0].marker])
+    if chosen[0].packed:
+        return tf.reduce_sum(tf.cast(tf.reduce_max(marker, axis=1), tf.int64))
+    if EXAMPLE_MASK in leaves:
+        return tf.math.count_nonzero(leaves[EXAMPLE_MASK], dtype=tf.int64)
+    return tf.shape(marker, out_type=tf.int64)[0]
+
+
+def example_lengths(batch: Any, keys: Keys = None) -> tf.Tensor:
+    """The real tokens of each example of a batch, 1-D int64 (the first token key, or `keys[0]`):
+    pad → each row's mask; bucket → the same, for rows with `example_mask` 1; pack → each segment."""
+    chosen, leaves = _chosen(batch, keys)
+    key = chosen[0]
+    marker = tf.convert_to_tensor(leaves[key.marker])
+    if key.packed:
+        ids = tf.cast(marker, tf.int32)
+        width = tf.reduce_max(tf.concat([tf.reshape(ids, [-1]), [0]], 0)) + 1
+        counts = tf.math.bincount(ids, minlength=width, maxlength=width, axis=-1, dtype=tf.int64)[:, 1:]
+        return tf.boolean_mask(counts, counts > 0)  # segments are 1..n in a row, none empty
+    lengths = tf.reduce_sum(tf.cast(_real(marker, False), tf.int64), axis=1)
+    if EXAMPLE_MASK in leaves:
+        lengths = tf.boolean_mask(lengths, tf.convert_to_tensor(leaves[EXAMPLE_MASK]) > 0)
+    return lengths
+
+
+# Estimates on the lengths seen (for tpu-pipeline doctor): what another mode or window would reach.
+
+def pad_fraction(lengths: Iterable[int], length: int) -> float:
+    """Pad mode: each example padded (or cut) to `length`."""
+    values = np.minimum(np.asarray(list(lengths), np.int64), length)
+    return float(values.sum() / (len(values) * length)) if len(values) else 0.0
+
+
+def pack_fraction(lengths: Iterable[int], length: int, window: int, algorithm: str = "first_fit_decreasing",
+                  overflow: str = "truncate") -> float:
+    """Pack mode: the examples, in this order, packed in windows of `window` by the pipeline's own
+    packer (`packing.Pack`, in a dataset: one trace for every window); real tokens / (rows × length)."""
+    values = np.asarray(list(lengths), np.int32)
+    if not len(values):
+        return 0.0
+    examples = tf.data.Dataset.from_tensor_slices(values).map(lambda n: {"tokens": tf.zeros([n], tf.int32)})
+    rows = Pack({"tokens": length}, window, algorithm, overflow, num_parallel_calls=1).apply(examples)
+    counts = rows.batch(4096).map(lambda batch: tf.stack([
+        tf.math.count_nonzero(batch["tokens_segment_ids"], dtype=tf.int64), tf.shape(batch["tokens"], tf.int64)[0]]))
+    real, num_rows = (int(v) for v in counts.reduce(tf.zeros([2], tf.int64), lambda total, more: total + more))
+    return real / (num_rows * length) if num_rows else 0.0
+
+
+def bucket_fraction(lengths: Iterable[int], bucket_lengths: Sequence[int], batch: int, window: int) -> float:
+    """Bucket mode, one replica: per window, each example padded to its bucket's length, each bucket's
+    last batch filled with padding examples (`batch`: per bucket batch, a list or one number)."""
+    values = np.minimum(np.asarray(list(lengths), np.int64), bucket_lengths[-1])
+    sizes = list(batch) if isinstance(batch, (list, tuple)) else [batch] * len(bucket_lengths)
+    slots = 0
+    for start in range(0, len(values), window):
+        bucket = np.minimum(np.searchsorted(np.asarray(bucket_lengths), values[start:start + window], side="left"),
+                            len(bucket_lengths) - 1)
+        for index, (size, bound) in enumerate(zip(sizes, bucket_lengths)):
+            slots += math.ceil(int((bucket == index).sum()) / size) * size * bound
+    return float(values.sum() / slots) if slots else 0.0
