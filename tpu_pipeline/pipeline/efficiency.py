@@ -192,3 +192,27 @@ def bucket_fraction(lengths: Iterable[int], bucket_lengths: Sequence[int], batch
         for index, (size, bound) in enumerate(zip(sizes, bucket_lengths)):
             slots += math.ceil(int((bucket == index).sum()) / size) * size * bound
     return float(values.sum() / slots) if slots else 0.0
+
+
+class TokenMeter:
+    """A stage that adds up real tokens and token slots of the batches going through it, in host
+    variables (as `wait_meter` does for waits): put before `ToOutputs`, where the masks and segment
+    ids still are, it gives `train` the non-padding fraction of what it trained on (the batches
+    a prefetch buffer holds at the end are counted too: a few among thousands)."""
+
+    def __init__(self) -> None:
+        with tf.device("/CPU:0"), tf.init_scope():
+            self.real = tf.Variable(0, dtype=tf.int64, trainable=False, name="real_tokens")
+            self.slots = tf.Variable(0, dtype=tf.int64, trainable=False, name="token_slots")
+
+    def fraction(self) -> Optional[float]:
+        slots = int(self.slots.numpy())
+        return int(self.real.numpy()) / slots if slots else None
+
+    def apply(self, dataset: tf.data.Dataset, context: Any = None) -> tf.data.Dataset:
+        def count(batch: Any) -> Any:
+            real, slots = real_and_slots(batch)
+            with tf.control_dependencies([self.real.assign_add(real), self.slots.assign_add(slots)]):
+                return tf.nest.map_structure(tf.identity, batch)
+
+        return dataset.map(count, name="token_meter")

@@ -8,6 +8,7 @@ yet delivered, and later epochs are what they would have been.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -25,8 +26,10 @@ from tpu_pipeline.errors import ClusterError, ConfigError
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
+from tpu_pipeline.pipeline.efficiency import TokenMeter
 from tpu_pipeline.pipeline.position_log import PositionLog
 from tpu_pipeline.pipeline.sequence import Bucket
+from tpu_pipeline.pipeline.stages import ToOutputs
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.pipeline.record_check import tf_message
 from tpu_pipeline.train.callbacks import Checkpointer, ProgressLogger, TrainState
@@ -139,6 +142,14 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     epochs = config.train.epochs
     meter = InputWaitMeter()
 
+    tokens = None
+    if train_pipeline.plan is not None and train_pipeline.plan.sequence.value is not None:
+        # Counted where the masks and segment ids still are, before the outputs pick the model's keys.
+        tokens = TokenMeter()
+        at = next((i for i, stage in enumerate(train_pipeline.stages) if isinstance(stage, ToOutputs)),
+                  len(train_pipeline.stages))
+        train_pipeline = dataclasses.replace(
+            train_pipeline, stages=[*train_pipeline.stages[:at], tokens, *train_pipeline.stages[at:]])
     windowed = train_pipeline.windowed
     position = WindowedPosition(train_pipeline, cluster) if windowed is not None else None
 
@@ -253,6 +264,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         "accuracy": history["accuracy"][-1] if history.get("accuracy") else None,
         "examples_per_sec": progress.examples_per_second(),
         "input_wait_fraction": progress.input_wait_fraction(),
+        **({"non_padding_fraction": tokens.fraction()} if tokens is not None else {}),
         "train_seconds": train_seconds,
         "cluster": {"kind": cluster.kind, "replicas": cluster.num_replicas, "hosts": cluster.num_hosts},
         "history": history,
