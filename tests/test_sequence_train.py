@@ -14,6 +14,7 @@ import tensorflow as tf
 from tpu_pipeline.cluster import resolve
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.config.cluster import ClusterConfig
+from tpu_pipeline.config.data import FeatureConfig
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.records.writer import int_feature, write_split
@@ -108,8 +109,23 @@ def test_exact_evaluation_of_packed_input_counts_every_token_once_in_equal_stati
     assert real_tokens == stored and padding_rows > 0
 
 
-def test_exact_evaluation_refuses_buckets_in_one_line(tmp_path):
-    files = write_token_records(tmp_path / "data", count=20)
+def test_exact_evaluation_of_bucketed_input_weighs_each_example_once_in_equal_steps(tmp_path):
+    """Two input pipelines x 8 replicas: every example once with weight 1, padding examples weight 0,
+    the same number of steps on both pipelines, and each step one shape on every replica."""
+    files = write_token_records(tmp_path / "data", count=150)
     data = config(files, str(tmp_path / "run"), "bucket", 1).data.model_copy(update={"repeat": 1})
-    with pytest.raises(Exception, match=r"^data.sequence.mode=bucket: exact evaluation .* use mode: pack or pad for data$"):
-        Pipeline.from_config(data).for_evaluation()
+    data = data.model_copy(update={"features": {**data.features, "id": FeatureConfig(dtype="int64")},
+                                   "outputs": data.outputs.model_copy(update={"inputs": ["tokens", "id"]})})
+    pipeline = Pipeline.from_config(data).for_evaluation()
+    steps = pipeline.evaluation_steps(8, 2)
+    ids, shapes = [], {0: [], 1: []}
+    for index in range(2):
+        batches = list(pipeline.build(tf.distribute.InputContext(2, index, 8)))
+        assert len(batches) == steps * 4
+        for inputs, targets, weights in batches:
+            shapes[index].append(inputs["tokens"].shape)
+            ids += [int(i) for i, w in zip(inputs["id"].numpy(), weights.numpy()) if w == 1.0]
+            assert set(weights.numpy().tolist()) <= {0.0, 1.0}
+    assert sorted(ids) == list(range(150))
+    for step in range(steps):
+        assert len({*shapes[0][4 * step:4 * step + 4], *shapes[1][4 * step:4 * step + 4]}) == 1

@@ -46,7 +46,7 @@ from tpu_pipeline.pipeline.source import RecordFileSource, Source
 from tpu_pipeline.pipeline.spec_check import check_features, first_record
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
-from tpu_pipeline.pipeline.sequence import INDEX_KEY, Bucket, PackRows, Windowed, pad_batch, pad_example
+from tpu_pipeline.pipeline.sequence import EXAMPLE_MASK, INDEX_KEY, Bucket, PackRows, Windowed, pad_batch, pad_example
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, MapFeatures, PadToSteps, Prefetch, Repeat, Shuffle, SplitPosition, ToOutputs, WindowShuffle,
     WithOptions, per_replica_batch_size,
@@ -309,12 +309,11 @@ class Pipeline:
 
         Packed input: how many rows a pass makes depends on the data, so the rows of each input
         pipeline are counted by one pass when the steps are first asked for (padding rows have
-        segment ids 0 and weight 0; every token counts once). Bucketed input is refused: its
-        batches have no one shape to pad a step with."""
+        segment ids 0 and weight 0; every token counts once). Bucketed input pads itself: each
+        bucket's last group of batches is filled with padding examples, and with several input
+        pipelines every one makes the same steps; `example_mask` becomes the weights."""
         if isinstance(self.windowed, Bucket):
-            raise ConfigError(f"{self.prefix}.sequence.mode=bucket: exact evaluation fills the last steps with zero-weight "
-                              "batches of one shape, which bucketing does not have; use mode: pack or pad for "
-                              f"{self.prefix}")
+            return self._bucketed_evaluation()
         batches = [stage for stage in self.stages if isinstance(stage, Batch) and stage.per_replica]
         repeats = [stage for stage in self.stages if isinstance(stage, Repeat)]
         outputs = [stage for stage in self.stages if isinstance(stage, ToOutputs)]
@@ -342,10 +341,26 @@ class Pipeline:
                 stages.append(pad)
         return dataclasses.replace(self, source=source, stages=stages)
 
+    def _bucketed_evaluation(self) -> "Pipeline":
+        """for_evaluation of a bucketed pipeline: one pass, every record (cover_all), weights from
+        `example_mask`, steps counted by a pass."""
+        outputs = [stage for stage in self.stages if isinstance(stage, ToOutputs)]
+        if not outputs or outputs[0].targets is None:
+            raise ConfigError(f"{self.prefix}: evaluation needs outputs with targets ({self.prefix}.outputs)")
+        if any(stage.count != 1 for stage in self.stages if isinstance(stage, Repeat)):
+            raise ConfigError(f"{self.prefix}.repeat: evaluation reads one pass; set {self.prefix}.repeat: 1")
+        source = self.source
+        if isinstance(source, RecordFileSource):
+            source = source.with_read(dataclasses.replace(source.read, cover_all=True))
+        stages = [dataclasses.replace(stage, weights=EXAMPLE_MASK) if isinstance(stage, ToOutputs) else stage
+                  for stage in self.stages]
+        counted = dataclasses.replace(self, source=source, stages=stages)
+        return dataclasses.replace(counted, stages=[*stages, _CountedSteps(_CountedRows(counted))])
+
     def evaluation_steps(self, num_replicas: int, num_input_pipelines: int = 1) -> int:
         """Steps of one exact evaluation pass of `for_evaluation()`'s pipeline (the same on every
         input pipeline: one per host under a strategy)."""
-        pad = next((stage for stage in self.stages if isinstance(stage, PadToSteps)), None)
+        pad = next((stage for stage in self.stages if isinstance(stage, (PadToSteps, _CountedSteps))), None)
         if pad is None:
             raise ConfigError("evaluation_steps: call it on pipeline.for_evaluation()")
         return pad.steps(tf.distribute.InputContext(num_input_pipelines, 0, num_replicas))
@@ -380,6 +395,21 @@ class Pipeline:
                    num_classes=num_classes)
 
 
+@dataclasses.dataclass(frozen=True)
+class _CountedSteps:
+    """A bucketed evaluation's steps, from its batches counted by one pass (the dataset is unchanged:
+    each bucket's last group is padded already, and input pipelines bucket the same stream)."""
+
+    batches: "_CountedRows"  # counts batches here: each element is one batch of a bucket
+
+    def steps(self, context: tf.distribute.InputContext) -> int:
+        per_pipeline = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
+        return max(1, -(-self.batches(context, count="elements") // per_pipeline))
+
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return dataset
+
+
 class _CountedRows:
     """Rows one pass of a packed pipeline delivers to input pipeline `context`, counted by running it
     once (remembered per context): what `PadToSteps` needs to pad every pipeline to the same steps."""
@@ -388,11 +418,13 @@ class _CountedRows:
         self._pipeline = pipeline
         self._counts: dict[tuple[int, int, int], int] = {}
 
-    def __call__(self, context: tf.distribute.InputContext) -> int:
-        key = (context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync)
+    def __call__(self, context: tf.distribute.InputContext, count: str = "rows") -> int:
+        """Rows (the batches' first dimensions added up), or `count='elements'`: batches."""
+        key = (context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync, count)
         if key not in self._counts:
-            batches = self._pipeline.build(context).map(lambda *element: tf.shape(tf.nest.flatten(element)[0])[0])
-            self._counts[key] = int(batches.reduce(tf.constant(0), lambda total, rows: total + rows))
+            sizes = self._pipeline.build(context).map(
+                lambda *element: tf.shape(tf.nest.flatten(element)[0])[0] if count == "rows" else tf.constant(1))
+            self._counts[key] = int(sizes.reduce(tf.constant(0), lambda total, size: total + size))
         return self._counts[key]
 
 

@@ -308,6 +308,7 @@ class ToOutputs:
     targets: Union[str, Sequence[str], None] = "label"
     num_parallel_calls: Union[int, str, None] = None  # picking keys: no work worth a thread crossing
     position: bool = False
+    weights: Optional[str] = None  # a feature given as Keras's sample weights (float32): (inputs, targets, weights)
 
     def _pick(self, features: Features, keys: Union[str, Sequence[str]], what: str) -> Any:
         names = [keys] if isinstance(keys, str) else list(keys)
@@ -323,6 +324,8 @@ class ToOutputs:
             features, position = split_position(features)
             inputs = self._pick(features, self.inputs, "inputs")
             outputs = inputs if self.targets is None else (inputs, self._pick(features, self.targets, "targets"))
+            if self.weights is not None:
+                outputs = (*outputs, tf.cast(self._pick(features, self.weights, "weights"), tf.float32))
             return (outputs, position) if self.position and position else outputs
 
         calls = None if self.num_parallel_calls is None else tune(self.num_parallel_calls)
