@@ -259,7 +259,7 @@ class Bucket(Windowed):
         num_batches = (count + per_group - 1) // per_group * group
 
         def batch(index: tf.Tensor) -> Features:
-            slots = tf.range(index * size, (index + 1) * size)
+            slots = index * size + tf.range(size, dtype=index.dtype)  # static [size]: every feature's batch is static
             real = slots < count
             picked = tf.gather(members, tf.minimum(slots, tf.maximum(count - 1, 0)))
             out: Features = {EXAMPLE_MASK: tf.cast(real, tf.int32)}
