@@ -98,10 +98,3 @@ class SequenceConfig(StrictModel):
     @property
     def max_length(self) -> int:
         return max(self.lengths().values())
-
-    def bucket_lengths(self) -> list[int]:
-        """The buckets' lengths, the last one `length`."""
-        bounds = list(self.boundaries or [])
-        if not bounds or bounds[-1] < self.max_length:
-            bounds.append(self.max_length)
-        return bounds
