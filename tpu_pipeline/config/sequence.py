@@ -22,10 +22,6 @@ import pydantic
 from tpu_pipeline.config.base import StrictModel
 from tpu_pipeline.errors import ConfigError
 
-MODES = ("pad", "bucket", "pack")
-PACK_ALGORITHMS = ("first_fit_decreasing", "best_fit_decreasing", "first_fit")
-
-
 class SequenceConfig(StrictModel):
     """data.sequence: how variable-length keys become static `[batch, length]` tensors."""
 

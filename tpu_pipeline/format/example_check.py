@@ -62,22 +62,21 @@ class Misfit:
     fix: str
 
 
-def parse_example(record: bytes) -> Optional[tf.train.Example]:
-    example = tf.train.Example()
+def _decoded(proto: Any, record: bytes) -> Any:
+    """`proto` filled from `record`; None when the bytes do not decode as it."""
     try:
-        example.ParseFromString(record)
+        proto.ParseFromString(record)
     except DecodeError:
         return None
-    return example
+    return proto
+
+
+def parse_example(record: bytes) -> Optional[tf.train.Example]:
+    return _decoded(tf.train.Example(), record)
 
 
 def parse_sequence_example(record: bytes) -> Optional[tf.train.SequenceExample]:
-    example = tf.train.SequenceExample()
-    try:
-        example.ParseFromString(record)
-    except DecodeError:
-        return None
-    return example
+    return _decoded(tf.train.SequenceExample(), record)
 
 
 def parse_record(record: bytes, features: Mapping[str, Any]) -> Optional[Record]:

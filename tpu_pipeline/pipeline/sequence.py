@@ -4,18 +4,19 @@
 the resume position that bucket and pack share are here, with `PackRows`.)
 
     PadTo({"tokens": 128})                       # [128] per example, plus tokens_mask
-    Bucket({"tokens": 1024}, [128, 256, 512, 1024], global_batch_size=64, window=4096)
+    Bucket(["tokens"], 4096, lengths={"tokens": 1024}, bucket_lengths=[128, 256, 512, 1024], global_batch_size=64)
+    PackRows(["tokens"], 1024, lengths={"tokens": 1024})   # rows, then a Batch of rows
 
 Windowed stages (bucket, pack) take `window` consecutive examples of the stream, place them, and
 emit their outputs; each output carries `_window` (the window's index in the stream) and `_index`
 (its place among the window's outputs). Window w starts at example w × window, so a resume needs
-only (w, outputs of w delivered): `Windowed.apply(start_window=w, skip=k)` rebuilds from there.
+only (w, outputs of w delivered): `apply(position=w × window, skip=k)` rebuilds from there.
 Token id 0 is a real token: a mask (pad, bucket) or a segment id (pack) marks padding, never a value.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
