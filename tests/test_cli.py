@@ -58,3 +58,12 @@ def test_commands_are_quiet_unless_asked(demo_cache):
     assert demo.returncode == 0 and not native.search(demo.stdout + demo.stderr), demo.stderr[:2000]
     loud = run("train", "--help", extra={"TF_CPP_MIN_LOG_LEVEL": "0"})  # the user's own setting is obeyed
     assert native.search(loud.stdout + loud.stderr)
+
+
+def test_demo_on_data_that_ends_during_the_warm_up_is_one_line(demo_cache):
+    """A one-pass config (data.repeat: 1, the default) over little data ran out during the warm-up and
+    left a bare StopIteration traceback."""
+    result = cli("demo", "--warmup", "1000", "--steps", "2", "data.repeat=1", cache_dir=demo_cache)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "the pipeline ended after" in result.stderr and "set data.repeat=forever" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -38,8 +38,13 @@ def run(overrides: Sequence[str]) -> int:
     keys = sequence_keys(dataset.element_spec)
     count = _token_counter(dataset.element_spec) if keys else None
     iterator = iter(dataset)
-    for _ in range(FLAGS.warmup):
-        next(iterator)
+    for warmed in range(FLAGS.warmup):
+        if next(iterator, None) is None:
+            raise ConfigError(
+                f"data: the pipeline ended after {warmed} batch(es), before the {FLAGS.warmup} warm-up batches, so "
+                "there is nothing left to time; set data.repeat=forever (e.g. `demo ... data.repeat=forever`) or a "
+                "smaller --warmup"
+            )
     examples = real = slots = 0
     start = time.perf_counter()
     steps = 0
