@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.stages import POSITION_KEYS
+from tpu_pipeline.pipeline.stages import last_position
 
 if TYPE_CHECKING:
     from tpu_pipeline.pipeline.builder import Pipeline
@@ -80,7 +80,8 @@ class _PositionIterator(tf.Module):
 
     def _last_position(self, position: Any) -> tuple[int, int]:
         """(window, index) of the last output of an element's position tensors."""
-        return tuple(int(tf.reshape(position[key], [-1])[-1]) for key in POSITION_KEYS)  # type: ignore[return-value]
+        window, index = last_position(position).numpy().tolist()
+        return int(window), int(index)
 
     def _live(self) -> Any:
         position = int(self.position.numpy())

@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.stages import POSITION_KEYS
+from tpu_pipeline.pipeline.stages import last_position
 
 CAPACITY = 4096  # elements a consumer may run ahead of the step it saves (prefetch buffers are far smaller)
 
@@ -36,7 +36,7 @@ class PositionLog:
     def attach(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """`dataset` of (element, position) → the elements, each one's position logged as it is taken."""
         def record(element: Any, position: Any) -> Any:
-            last = tf.stack([tf.cast(tf.reshape(position[key], [-1])[-1], tf.int64) for key in POSITION_KEYS])
+            last = last_position(position)
             number = self.taken.assign_add(1) - 1
             update = self.log.scatter_nd_update([[number % CAPACITY]], [last])
             with tf.control_dependencies([update]):

@@ -290,6 +290,11 @@ class Batch:
 POSITION_KEYS = ("_window", "_index")  # a windowed stage's resume position, carried beside the features
 
 
+def last_position(position: Features) -> tf.Tensor:
+    """int64 [window, index] of the last output in an element's position (a batch of rows carries one per row)."""
+    return tf.stack([tf.cast(tf.reshape(position[key], [-1])[-1], tf.int64) for key in POSITION_KEYS])
+
+
 def split_position(features: Features) -> tuple[Features, Features]:
     """(the features without the resume position, the position: {} where there is none)."""
     return ({k: v for k, v in features.items() if k not in POSITION_KEYS},
