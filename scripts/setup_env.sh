@@ -12,7 +12,7 @@ fi
 STAMP=".venv/.installed-$(sha256sum setup.cfg | cut -c1-16)"
 if [ ! -f "$STAMP" ] || ! .venv/bin/python -c "import tpu_pipeline" 2>/dev/null; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[test,notebook]"
+  .venv/bin/python -m pip install --quiet -e ".[test,notebook,text]"
   rm -f .venv/.installed-*
   touch "$STAMP"
 fi

@@ -57,6 +57,46 @@ class ResNetConfig(StrictModel):
     )
 
 
+class TransformerConfig(StrictModel):
+    """A pre-norm Transformer over token ids (`architecture: transformer`): a decoder-only language model
+    (causal) for `train.task: language_model`, an encoder classifier for `classification`. Attention is
+    masked by `<tokens>_segment_ids` (or `<tokens>_mask`), so no token attends across packed examples;
+    positions come from `<tokens>_positions` when the data has them."""
+
+    width: pydantic.PositiveInt = pydantic.Field(256, description="model (embedding) width")
+    depth: pydantic.PositiveInt = pydantic.Field(4, description="Transformer blocks")
+    heads: pydantic.PositiveInt = pydantic.Field(4, description="attention heads; must divide width")
+    mlp_dim: Optional[pydantic.PositiveInt] = pydantic.Field(None, description="None: 4 * width")
+    dropout: Fraction = pydantic.Field(0.0, description="after attention and MLP, and on the embeddings")
+    attention_dropout: Fraction = 0.0
+    tie_embeddings: bool = pydantic.Field(
+        True, description="language model: the logits reuse the token embedding matrix (fewer parameters)"
+    )
+    vocab_size: Optional[pydantic.PositiveInt] = pydantic.Field(
+        None, description="None: the dataset's tokenizer vocabulary (metadata.json), else train.num_classes for a "
+        "language model"
+    )
+    max_length: Optional[pydantic.PositiveInt] = pydantic.Field(
+        None, description="rows of the position embedding; None: the static sequence length of the inputs"
+    )
+    tokens_key: Optional[str] = pydantic.Field(
+        None, description="the input holding token ids; None: the one input not ending in _segment_ids, "
+        "_positions or _mask"
+    )
+    causal: Optional[bool] = pydantic.Field(
+        None, description="None: causal for train.task language_model, bidirectional for classification"
+    )
+    pooling: Literal["mean", "first"] = pydantic.Field(
+        "mean", description="classification: mean over the example's tokens, or its first token"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _check_heads(self) -> "TransformerConfig":
+        if self.width % self.heads:
+            raise ConfigError(f"model.transformer.heads={self.heads} must divide model.transformer.width={self.width}")
+        return self
+
+
 class BatchNormConfig(StrictModel):
     """Batch norm of the cnn/resnet. synchronized=True averages batch statistics over replicas."""
 
@@ -116,7 +156,9 @@ class ModelConfig(StrictModel):
         description="tf_keras works with TPUStrategy and steps_per_execution under MirroredStrategy; "
         "keras3 refuses steps_per_execution>1 with several replicas (it fails in fit there)",
     )
-    architecture: Literal["mlp", "cnn", "resnet"] = "resnet"
+    architecture: Literal["mlp", "cnn", "resnet", "transformer"] = pydantic.Field(
+        "resnet", description="also accepted as model.name"
+    )
     fn: Optional[str] = pydantic.Field(
         None, description="your model: 'package.module:function', called inside strategy.scope() as "
         "function(input_shape=[...], num_classes=N) and returning an uncompiled Keras model that outputs logits; "
@@ -132,6 +174,7 @@ class ModelConfig(StrictModel):
     mlp: MlpConfig = MlpConfig()
     cnn: CnnConfig = CnnConfig()
     resnet: ResNetConfig = ResNetConfig()
+    transformer: TransformerConfig = TransformerConfig()
     batch_norm: BatchNormConfig = BatchNormConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
@@ -146,6 +189,16 @@ class ModelConfig(StrictModel):
     precision: Precision = pydantic.Field(
         "auto", description="auto: mixed_bfloat16 on TPU, float32 elsewhere; mixed_float16 on GPU only"
     )
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _name_is_architecture(cls, data: Any) -> Any:
+        """`model.name: transformer` (the name other tools use) is `model.architecture`."""
+        if isinstance(data, dict) and "name" in data:
+            if "architecture" in data:
+                raise ConfigError("model.name and model.architecture are the same key; keep one")
+            data = {("architecture" if key == "name" else key): value for key, value in data.items()}
+        return data
 
     @pydantic.model_validator(mode="after")
     def _check_model_source(self) -> "ModelConfig":

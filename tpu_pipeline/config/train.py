@@ -1,7 +1,7 @@
 """The `train` config section: how long to train, where the run lives, what to log and save."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import pydantic
 
@@ -9,6 +9,10 @@ from tpu_pipeline.config.base import StrictModel
 
 
 class TrainConfig(StrictModel):
+    task: Literal["classification", "language_model"] = pydantic.Field(
+        "classification", description="classification: one label per example; language_model: next-token "
+        "prediction, a loss and token accuracy per target token weighted by data.outputs.weights"
+    )
     run_dir: str = pydantic.Field(
         "runs/demo", description="checkpoints, TensorBoard logs and metrics.json; reuse it to resume"
     )
