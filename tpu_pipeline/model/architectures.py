@@ -1,17 +1,24 @@
-"""Networks from config: an MLP, a small CNN and a ResNet. Uncompiled; logits out, in float32.
+"""Networks from config: an MLP, a small CNN, a ResNet and a Transformer. Uncompiled; logits out, in float32.
 
 Each builder takes the Keras module (`keras_backend.get_keras`) so the same code builds for
 tf_keras or Keras 3. The last Dense layer has dtype float32, so under a mixed policy the logits
 (and the softmax inside the loss) stay in float32.
+
+The inputs are one tensor (`input_shape` a list, e.g. [32, 32, 3]) or a dict of int32 tensors
+(`input_shape` {name: shape}, e.g. a sequence batch's `tokens`, `tokens_segment_ids`,
+`tokens_positions`); only the transformer and your own model (model.fn) take a dict.
 """
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from tpu_pipeline.config.model import BatchNormConfig, ModelConfig
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.model.transformer import TASKS, build_transformer
 from tpu_pipeline.model.user_models import ModelFn, build_application, call_model_fn, load_model_fn
+
+InputShape = Union[Sequence[Optional[int]], Mapping[str, Sequence[Optional[int]]]]
 
 
 def _norm(keras: ModuleType, bn: BatchNormConfig, name: str, zero_init: bool = False) -> Any:
@@ -116,24 +123,84 @@ ARCHITECTURES: dict[str, Callable[[ModuleType, ModelConfig, Any, int], Any]] = {
 }
 
 
-def build_network(keras: ModuleType, config: ModelConfig, input_shape: Sequence[int],
-                  num_classes: int, model_fn: Optional[ModelFn] = None) -> Any:
+def _check_shape(shape: Sequence[Optional[int]], where: str) -> None:
+    if not shape or any(d is not None and (not isinstance(d, int) or d <= 0) for d in shape):
+        raise ConfigError(f"{where}: needs positive static sizes (no batch dimension), got {list(shape)}")
+
+
+def _check_inputs(input_shape: InputShape) -> None:
+    """Every shape is a non-empty list of positive sizes (None: a length that varies, bucket mode)."""
+    if not isinstance(input_shape, Mapping):
+        _check_shape(input_shape, "input_shape")
+        return
+    if not input_shape:
+        raise ConfigError("input_shape: the dict of inputs is empty; give {input name: shape}")
+    for name, shape in input_shape.items():
+        _check_shape(shape, f"input_shape[{name!r}]")
+
+
+def _check_classes(num_classes: int, task: str) -> None:
+    if task not in TASKS:
+        raise ConfigError(f"train.task={task!r}: use {' or '.join(TASKS)}")
+    if num_classes < 2:
+        if task == "language_model":
+            raise ConfigError(f"num_classes: a language model's logits are its vocabulary, at least 2 tokens, got "
+                              f"{num_classes}; set train.num_classes (or model.transformer.vocab_size)")
+        raise ConfigError(f"num_classes: a classifier needs at least 2 classes, got {num_classes}")
+
+
+def _build_transformer_network(keras: ModuleType, config: ModelConfig, input_shape: InputShape, num_classes: int,
+                               task: str) -> Any:
+    """int32 inputs, one per name (a list shape is the token ids alone: one example per row, no padding)."""
+    if isinstance(input_shape, Mapping):
+        inputs = {name: keras.Input(shape=tuple(shape), dtype="int32", name=name)
+                  for name, shape in input_shape.items()}
+        model_inputs: Any = inputs
+    else:
+        if len(input_shape) != 1:
+            raise ConfigError(f"model.architecture: 'transformer' takes token ids [length] per example, but "
+                              f"input_shape is {list(input_shape)}; feed a sequence batch (data.sequence)")
+        model_inputs = keras.Input(shape=tuple(input_shape), dtype="int32", name="inputs")
+        inputs = {"inputs": model_inputs}
+    outputs = build_transformer(keras, config, inputs, num_classes, task)
+    return keras.Model(model_inputs, outputs, name="transformer")
+
+
+def build_network(keras: ModuleType, config: ModelConfig, input_shape: InputShape, num_classes: int,
+                  model_fn: Optional[ModelFn] = None, *, task: str = "classification") -> Any:
     """Builds the uncompiled model: `model_fn` (from Python), `config.fn`, `config.application`, or the
     built-in network named by `config.architecture`.
 
+    Args:
+      input_shape: one example's shape without the batch dimension, e.g. [32, 32, 3]; or a dict
+        {input name: shape}, e.g. {"tokens": [256], "tokens_segment_ids": [256], "tokens_positions":
+        [256]} (None for a length that varies per bucket), each an int32 input of the model.
+      num_classes: the logits' width: classes, or a language model's vocabulary.
+      model_fn: fn(input_shape=<the list or dict>, num_classes=N[, task=...]) -> Keras model.
+      task: 'classification' (logits [B, num_classes]) or 'language_model' (logits [B, L, num_classes]).
+
     Call it inside `strategy.scope()` and the dtype policy you want (build_model does both).
     """
-    if num_classes < 2:
-        raise ConfigError(f"num_classes: a classifier needs at least 2 classes, got {num_classes}")
-    if not input_shape or any(d is not None and (not isinstance(d, int) or d <= 0) for d in input_shape):
-        raise ConfigError(f"input_shape: needs positive static sizes (no batch dimension), got {list(input_shape)}")
+    _check_classes(num_classes, task)
+    _check_inputs(input_shape)
     if model_fn is not None:  # a user's model may take a length that varies (data.sequence bucket mode)
-        return call_model_fn(keras, model_fn, input_shape, num_classes, "model_fn")
+        return call_model_fn(keras, model_fn, input_shape, num_classes, "model_fn", task=task)
     if config.fn is not None:
-        return call_model_fn(keras, load_model_fn(config.fn), input_shape, num_classes, f"model.fn={config.fn!r}")
+        return call_model_fn(keras, load_model_fn(config.fn), input_shape, num_classes,
+                             f"model.fn={config.fn!r}", task=task)
+    if config.application is None and config.architecture == "transformer":
+        return _build_transformer_network(keras, config, input_shape, num_classes, task)
+    name = f"model.application={config.application!r}" if config.application else \
+        f"model.architecture={config.architecture!r}"
+    if isinstance(input_shape, Mapping):
+        raise ConfigError(f"{name} takes one input tensor, but the inputs are a dict {sorted(input_shape)}; use "
+                          "model.architecture: transformer for token sequences, or your own model.fn")
+    if task != "classification":
+        raise ConfigError(f"train.task={task!r} needs model.architecture: transformer (or model.fn); {name} is a "
+                          "classifier")
     if any(d is None for d in input_shape):
-        raise ConfigError(f"input_shape: the built-in networks need static sizes, got {list(input_shape)} (data.sequence "
-                          "bucket mode varies the length per bucket): use model.fn, or data.sequence.mode pad or pack")
+        raise ConfigError(f"input_shape: {name} needs static sizes, got {list(input_shape)} (data.sequence bucket "
+                          "mode varies the length per bucket): use model.fn, or data.sequence.mode pad or pack")
     if config.application is not None:
         return build_application(keras, config.application, config.weights, input_shape, num_classes)
     if config.architecture != "mlp":

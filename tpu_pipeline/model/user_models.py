@@ -3,6 +3,14 @@
 Both are built by `build_model` inside `strategy.scope()` and the dtype policy, then compiled
 with the configured optimizer, schedule, precision and steps_per_execution, like the built-in
 networks. The logits leave in float32 (a mixed-precision model's last layer would be bfloat16).
+
+Your function is called as `fn(input_shape=..., num_classes=N)`, plus `task=...` ('classification'
+or 'language_model') when it names a `task` parameter. `input_shape` is one example's shape
+without the batch dimension, a list such as [32, 32, 3], or, when the batch is a dict of tensors
+(a data.sequence batch), a dict {input name: shape}, e.g. {"tokens": [256], "tokens_segment_ids":
+[256], "tokens_positions": [256]} (None for a length that varies per bucket); the model then takes
+that dict, e.g. `inputs = {name: keras.Input(shape=shape, dtype="int32", name=name) for name, shape
+in input_shape.items()}`.
 """
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ import difflib
 import importlib
 import inspect
 from types import ModuleType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from tpu_pipeline.errors import ConfigError
 
@@ -33,15 +41,25 @@ def load_model_fn(spec: str) -> ModelFn:
     return fn
 
 
-def call_model_fn(keras: ModuleType, fn: ModelFn, input_shape: Sequence[int], num_classes: int, where: str) -> Any:
-    """Calls fn(input_shape=..., num_classes=...) and checks that it returned a Keras model."""
+def call_model_fn(keras: ModuleType, fn: ModelFn, input_shape: Union[Sequence[Optional[int]], Mapping[str, Any]],
+                  num_classes: int, where: str, task: Optional[str] = None) -> Any:
+    """Calls fn(input_shape=..., num_classes=...) and checks that it returned a Keras model.
+
+    `input_shape` is a list, or a dict {input name: shape list} for a dict batch (passed as a dict).
+    `task` is passed only to a function that names a `task` parameter, so older functions keep working.
+    """
     parameters = inspect.signature(fn).parameters
     accepts_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     missing = [name for name in ("input_shape", "num_classes") if name not in parameters and not accepts_any]
     if missing:
         raise ConfigError(f"{where}: the function must accept input_shape and num_classes keyword arguments "
                           f"(it lacks {', '.join(missing)}), e.g. def my_model(input_shape, num_classes): ...")
-    model = fn(input_shape=list(input_shape), num_classes=num_classes)
+    if isinstance(input_shape, Mapping):
+        shape: Any = {name: list(value) for name, value in input_shape.items()}
+    else:
+        shape = list(input_shape)
+    extra = {"task": task} if task is not None and "task" in parameters else {}
+    model = fn(input_shape=shape, num_classes=num_classes, **extra)
     if not isinstance(model, keras.Model):
         raise ConfigError(f"{where}: the function returned {type(model).__name__}, not a {keras.__name__}.Model "
                           f"(build it with {keras.__name__}, which model.keras selects)")

@@ -1,0 +1,251 @@
+"""A pre-norm Transformer over token ids: a decoder-only language model or an encoder classifier.
+
+Built from maintained Keras layers (Embedding, MultiHeadAttention, LayerNormalization, Dense,
+Dropout) for tf_keras or Keras 3, whichever module is passed in. The inputs are the batch's dict
+(docs/sequences.md): `<tokens>` ids, and `<tokens>_segment_ids` / `<tokens>_positions` in pack
+mode or `<tokens>_mask` in pad and bucket mode. Attention is masked per segment, so a packed row
+computes exactly what its examples would alone, and no real token ever sees padding.
+
+Under a mixed policy the body runs in bfloat16/float16, while the attention softmax, the pooling
+and the logits run in float32 (the loss's softmax needs them so).
+"""
+from __future__ import annotations
+
+import functools
+from types import ModuleType, SimpleNamespace
+from typing import Any, Mapping, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.config.model import ModelConfig, TransformerConfig
+from tpu_pipeline.errors import ConfigError
+
+SEGMENT_SUFFIX = "_segment_ids"
+POSITION_SUFFIX = "_positions"
+MASK_SUFFIX = "_mask"
+TASKS = ("classification", "language_model")
+_MASKED_SCORE = -1e9  # finite: a softmax over masked scores stays a number in float32
+_INIT_STDDEV = 0.02  # GPT-2/BERT's embedding init; the tied logits start near uniform
+
+
+def find_tokens_key(tokens_key: Optional[str], names: list[str]) -> str:
+    """The input holding token ids: `tokens_key`, or the one name that is not a segment/position/mask."""
+    if tokens_key is not None:
+        if tokens_key not in names:
+            raise ConfigError(f"model.transformer.tokens_key={tokens_key!r} is not an input; the inputs are {names}")
+        return tokens_key
+    candidates = [n for n in names if not n.endswith((SEGMENT_SUFFIX, POSITION_SUFFIX, MASK_SUFFIX))]
+    if len(candidates) != 1:
+        raise ConfigError(f"model.transformer.tokens_key: cannot tell which input holds the token ids among {names}; "
+                          f"set model.transformer.tokens_key to one of {candidates or names}")
+    return candidates[0]
+
+
+def is_causal(cfg: TransformerConfig, task: str) -> bool:
+    """config.causal, else causal for a language model and bidirectional for a classifier."""
+    return cfg.causal if cfg.causal is not None else task == "language_model"
+
+
+def vocabulary_size(cfg: TransformerConfig, num_classes: int, task: str) -> int:
+    """Rows of the token embedding: vocab_size, else the language model's output vocabulary."""
+    if task == "language_model":
+        vocab = cfg.vocab_size or num_classes
+        if cfg.tie_embeddings and vocab != num_classes:
+            raise ConfigError(f"model.transformer.vocab_size={vocab} differs from the {num_classes} logits of the "
+                              "language model (train.num_classes); tied embeddings need one vocabulary: make them "
+                              "equal or set model.transformer.tie_embeddings: false")
+        return vocab
+    if cfg.vocab_size is None:
+        raise ConfigError("model.transformer.vocab_size: a Transformer classifier needs the token vocabulary size; "
+                          "set model.transformer.vocab_size (the tokenizer's vocabulary)")
+    return cfg.vocab_size
+
+
+def position_rows(cfg: TransformerConfig, length: Optional[int]) -> int:
+    """Rows of the position embedding: max_length, else the inputs' static length."""
+    if cfg.max_length is None:
+        if length is None:
+            raise ConfigError("model.transformer.max_length: the inputs' length varies (bucket mode), so the position "
+                              "embedding needs a size; set model.transformer.max_length to the longest bucket")
+        return length
+    if length is not None and length > cfg.max_length:
+        raise ConfigError(f"model.transformer.max_length={cfg.max_length} is shorter than the inputs' length {length}; "
+                          "raise it or remove it (the inputs' length is the default)")
+    return cfg.max_length
+
+
+@functools.lru_cache(maxsize=None)
+def _layers(keras: ModuleType) -> SimpleNamespace:
+    """The small layers the Transformer needs besides Keras's own, subclassed from `keras`'s Layer.
+
+    They hold no kernels: masks and positions from int inputs, the tied logits, pooling, and the
+    attention softmax in float32. Defined per Keras module, since tf_keras and Keras 3 layers differ.
+    """
+
+    class AttentionMask(keras.layers.Layer):
+        """[B, L] segment ids → [B, L, L] bool: query i may see key j.
+
+        Same segment, real query (segment != 0), and j <= i when causal. A padding query sees itself
+        only: a softmax over no keys at all would average the whole row (or be NaN in float16).
+        """
+
+        def __init__(self, causal: bool, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.causal = causal
+
+        def call(self, segments: Any) -> Any:
+            segments = tf.cast(segments, tf.int32)
+            query, key = segments[:, :, None], segments[:, None, :]
+            real = tf.not_equal(query, 0)
+            allowed = tf.logical_and(tf.equal(query, key), real)
+            index = tf.range(tf.shape(segments)[1])
+            if self.causal:
+                allowed = tf.logical_and(allowed, index[None, None, :] <= index[None, :, None])
+            itself = tf.logical_and(tf.equal(index[None, None, :], index[None, :, None]), tf.logical_not(real))
+            return tf.logical_or(allowed, itself)
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "causal": self.causal}
+
+    class RowPositions(keras.layers.Layer):
+        """0..L-1 in every row: the positions of one example per row."""
+
+        def call(self, tokens: Any) -> Any:
+            shape = tf.shape(tokens)
+            return tf.broadcast_to(tf.range(shape[1], dtype=tf.int32)[None, :], shape)
+
+    class AllOnes(keras.layers.Layer):
+        """Segment 1 everywhere: a row that is one example without padding."""
+
+        def call(self, tokens: Any) -> Any:
+            return tf.ones_like(tokens, dtype=tf.int32)
+
+    class TiedLogits(keras.layers.Layer):
+        """logits = h @ E^T with the token embedding E, in float32: no second vocabulary matrix."""
+
+        def __init__(self, embedding: Any, **kwargs: Any) -> None:
+            super().__init__(dtype="float32", **kwargs)
+            self.embedding = embedding
+
+        def call(self, hidden: Any) -> Any:
+            matrix = tf.cast(self.embedding.embeddings, tf.float32)
+            return tf.einsum("blw,vw->blv", tf.cast(hidden, tf.float32), matrix)
+
+    class Pool(keras.layers.Layer):
+        """[B, L, W] → [B, W] in float32: the mean over the row's real tokens, or its first token."""
+
+        def __init__(self, mode: str, **kwargs: Any) -> None:
+            super().__init__(dtype="float32", **kwargs)
+            self.mode = mode
+
+        def call(self, inputs: Any) -> Any:
+            hidden, segments = inputs
+            hidden = tf.cast(hidden, tf.float32)
+            if self.mode == "first":
+                return hidden[:, 0]
+            weight = tf.cast(tf.not_equal(segments, 0), tf.float32)[:, :, None]
+            return tf.reduce_sum(hidden * weight, axis=1) / tf.maximum(tf.reduce_sum(weight, axis=1), 1.0)
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "mode": self.mode}
+
+    parent_softmax = getattr(keras.layers.MultiHeadAttention, "_masked_softmax", None)
+    if parent_softmax is None:  # pragma: no cover - both Kerases have it (tf_keras 2.21, Keras 3.15)
+        raise ImportError(f"{keras.__name__}.layers.MultiHeadAttention has no _masked_softmax to keep in float32")
+
+    class Attention(keras.layers.MultiHeadAttention):
+        """MultiHeadAttention whose softmax runs in float32 with a finite mask value.
+
+        Under mixed_bfloat16 a bfloat16 softmax keeps 8 bits of its probabilities; under float16
+        Keras's additive mask can overflow to -inf. Keras 3's fused path (dropout 0) is float32 already.
+        """
+
+        def _masked_softmax(self, attention_scores: Any, attention_mask: Any = None) -> Any:
+            dtype = attention_scores.dtype
+            scores = tf.cast(attention_scores, tf.float32)
+            if attention_mask is not None:
+                mask = tf.cast(attention_mask, tf.bool)
+                for _ in range(len(scores.shape) - len(mask.shape)):  # [B, T, S] → [B, 1, T, S] (heads)
+                    mask = tf.expand_dims(mask, axis=-3)
+                scores = tf.where(mask, scores, tf.constant(_MASKED_SCORE, tf.float32))
+            return tf.cast(tf.nn.softmax(scores, axis=-1), dtype)
+
+    return SimpleNamespace(AttentionMask=AttentionMask, RowPositions=RowPositions, AllOnes=AllOnes,
+                           TiedLogits=TiedLogits, Pool=Pool, Attention=Attention)
+
+
+def _segments(keras: ModuleType, inputs: Mapping[str, Any], tokens_key: str) -> Any:
+    """`<tokens>_segment_ids`, else `<tokens>_mask` (1 real, 0 padding), else one segment per row."""
+    for suffix in (SEGMENT_SUFFIX, MASK_SUFFIX):
+        if tokens_key + suffix in inputs:
+            return inputs[tokens_key + suffix]
+    return _layers(keras).AllOnes(name="segment_ids")(inputs[tokens_key])
+
+
+def _positions(keras: ModuleType, inputs: Mapping[str, Any], tokens_key: str) -> Any:
+    """`<tokens>_positions` (restarting per packed example), else the index in the row."""
+    if tokens_key + POSITION_SUFFIX in inputs:
+        return inputs[tokens_key + POSITION_SUFFIX]
+    return _layers(keras).RowPositions(name="positions")(inputs[tokens_key])
+
+
+def _embedding(keras: ModuleType, rows: int, width: int, name: str) -> Any:
+    initializer = keras.initializers.RandomNormal(stddev=_INIT_STDDEV)
+    return keras.layers.Embedding(rows, width, embeddings_initializer=initializer, name=name)
+
+
+def _norm(keras: ModuleType, name: str) -> Any:
+    return keras.layers.LayerNormalization(epsilon=1e-6, name=name)
+
+
+def _dropout(keras: ModuleType, rate: float, x: Any, name: str) -> Any:
+    return keras.layers.Dropout(rate, name=name)(x) if rate else x
+
+
+def _block(keras: ModuleType, cfg: TransformerConfig, x: Any, mask: Any, name: str) -> Any:
+    """x + attention(norm(x)), then x + mlp(norm(x)): pre-norm keeps deep stacks trainable without warm-up tricks."""
+    y = _norm(keras, f"{name}_attention_norm")(x)
+    attention = _layers(keras).Attention(num_heads=cfg.heads, key_dim=cfg.width // cfg.heads,
+                                         dropout=cfg.attention_dropout, name=f"{name}_attention")
+    y = attention(y, y, attention_mask=mask)
+    y = _dropout(keras, cfg.dropout, y, f"{name}_attention_dropout")
+    x = keras.layers.Add(name=f"{name}_attention_residual")([x, y])
+    y = _norm(keras, f"{name}_mlp_norm")(x)
+    y = keras.layers.Dense(cfg.mlp_dim or 4 * cfg.width, activation="gelu", name=f"{name}_mlp_in")(y)
+    y = keras.layers.Dense(cfg.width, name=f"{name}_mlp_out")(y)
+    y = _dropout(keras, cfg.dropout, y, f"{name}_mlp_dropout")
+    return keras.layers.Add(name=f"{name}_mlp_residual")([x, y])
+
+
+def build_transformer(keras: ModuleType, config: ModelConfig, inputs: Mapping[str, Any], num_classes: int,
+                      task: str) -> Any:
+    """The logits of a Transformer over `inputs` (name → int32 KerasTensor [B, L]).
+
+    language_model: [B, L, num_classes] (num_classes is the vocabulary), causal unless
+    model.transformer.causal says otherwise. classification: [B, num_classes] from the pooled row.
+    """
+    if task not in TASKS:
+        raise ConfigError(f"train.task={task!r}: the transformer builds {' or '.join(TASKS)}")
+    cfg = config.transformer
+    tokens_key = find_tokens_key(cfg.tokens_key, list(inputs))
+    tokens = inputs[tokens_key]
+    if len(tokens.shape) != 2:
+        raise ConfigError(f"model.transformer: input {tokens_key!r} has shape {list(tokens.shape)[1:]} per example; "
+                          "token ids are one [length] list per example (set model.transformer.tokens_key)")
+    segments = _segments(keras, inputs, tokens_key)
+    vocab = vocabulary_size(cfg, num_classes, task)
+    token_embedding = _embedding(keras, vocab, cfg.width, "token_embedding")
+    position_embedding = _embedding(keras, position_rows(cfg, tokens.shape[1]), cfg.width, "position_embedding")
+    x = keras.layers.Add(name="embeddings")([token_embedding(tokens),
+                                             position_embedding(_positions(keras, inputs, tokens_key))])
+    x = _dropout(keras, cfg.dropout, x, "embedding_dropout")
+    mask = _layers(keras).AttentionMask(is_causal(cfg, task), name="attention_mask")(segments)
+    for i in range(cfg.depth):
+        x = _block(keras, cfg, x, mask, f"block{i}")
+    x = _norm(keras, "final_norm")(x)
+    if task == "classification":
+        pooled = _layers(keras).Pool(cfg.pooling, name="pool")([x, segments])
+        return keras.layers.Dense(num_classes, dtype="float32", name="logits")(pooled)
+    if cfg.tie_embeddings:
+        return _layers(keras).TiedLogits(token_embedding, name="logits")(x)
+    return keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
