@@ -4,6 +4,7 @@
     tpu-pipeline convert --from csv data.csv --out ds/
     tpu-pipeline convert --from numpy arrays.npz --out ds/
     tpu-pipeline convert --from tfds mnist --data_dir ~/tensorflow_datasets --out ds/
+    tpu-pipeline convert --from text corpus/*.txt --out ds/ --splits train=0.95,validation=0.05 [--tokenizer spm:m.model]
 
 Then point a config at the result: `data.source: {type: tfrecord, dir: ds/, split: train}`.
 Running the same command again after an interruption finishes the work.
@@ -18,14 +19,16 @@ from absl import flags
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.records.convert import ConvertOptions, ConvertSource, convert
 
-SOURCES = ("image-folder", "csv", "numpy", "tfds")
+SOURCES = ("image-folder", "csv", "numpy", "tfds", "text")
+TEXT_FLAGS = ("tokenizer", "document_per_line", "text_field", "ids_field", "vocab_size")
 
 # 'from' is a Python keyword: the flag is read as FLAGS["from"].value.
 flags.DEFINE_enum("from", None, list(SOURCES), "what the input is: an image folder (one sub-folder per class), "
-                  "a CSV file with a header, a .npz file, or the name of a prepared TFDS dataset")
+                  "a CSV file with a header, a .npz file, the name of a prepared TFDS dataset, or text files "
+                  "(.txt, or .jsonl with --text_field/--ids_field; several paths, quoted globs and directories)")
 flags.DEFINE_string("out", None, "output directory for the shards and metadata.json (local or gs://)")
 flags.DEFINE_string("data_dir", None, "tfds: the data_dir where the dataset is prepared")
-flags.DEFINE_string("splits", None, "image-folder/csv/numpy: 'train' or fractions 'train=0.9,validation=0.1' "
+flags.DEFINE_string("splits", None, "image-folder/csv/numpy/text: 'train' or fractions 'train=0.9,validation=0.1' "
                     "(default train); tfds: 'train,test' or 'train,validation=test' (default: every split)")
 flags.DEFINE_float("target_shard_mb", 150.0, "target shard size in MB (the TFRecord guidance: 100-200 MB)")
 flags.DEFINE_integer("min_shards", 8, "never fewer shards per split than this (at least one per host reading them)")
@@ -43,14 +46,29 @@ flags.DEFINE_string("label_column", "label", "csv/numpy: the label column or arr
 flags.DEFINE_list("class_names", None, "csv/numpy: class names in id order (default: sorted distinct string labels)")
 flags.DEFINE_string("columns", None, "csv: column types, e.g. 'age:int64,height:float32,city:string' (default: inferred)")
 flags.DEFINE_list("features", None, "tfds: the features to keep (default: all)")
+flags.DEFINE_string("tokenizer", "bytes", "text: 'bytes' (UTF-8 bytes + 3, 259 ids) or 'spm:path/to/sentencepiece.model' "
+                    "(copied into --out as tokenizer.model)")
+flags.DEFINE_boolean("document_per_line", False, "text: each line of a .txt file is a document (default: each file)")
+flags.DEFINE_string("text_field", None, "text: read JSON lines (.jsonl/.json), the document being this field's string")
+flags.DEFINE_string("ids_field", None, "text: read JSON lines whose field holds pre-tokenized ids (a list of ints); "
+                    "needs --vocab_size")
+flags.DEFINE_integer("vocab_size", None, "text with --ids_field: every id must lie in [0, vocab_size)")
 flags.DEFINE_boolean("progress", True, "show a progress bar")
 FLAGS = flags.FLAGS
 
 
-def make_source(kind: str, target: str) -> ConvertSource:
+def make_source(kind: str, target: str, more: Sequence[str] = ()) -> ConvertSource:
     """The source for --from, built from the flags (each module imported only when used)."""
     reencode = "" if FLAGS.reencode == "none" else FLAGS.reencode
     splits = FLAGS.splits or "train"
+    if kind == "text":
+        from tpu_pipeline.records.text_source import TextSource
+
+        return TextSource(
+            [target, *more], splits=splits, seed=FLAGS.seed, shuffle=FLAGS.shuffle, tokenizer=FLAGS.tokenizer,
+            document_per_line=FLAGS.document_per_line, text_field=FLAGS.text_field, ids_field=FLAGS.ids_field,
+            vocab_size=FLAGS.vocab_size,
+        )
     if kind == "image-folder":
         from tpu_pipeline.records.image_folder import ImageFolderSource
 
@@ -76,7 +94,12 @@ def run(overrides: Sequence[str]) -> int:
     kind = FLAGS["from"].value
     if kind is None:
         raise ConfigError(f"--from is required: one of {', '.join(SOURCES)}")
-    if len(overrides) != 1:
+    misplaced = [f"--{name}" for name in TEXT_FLAGS if FLAGS[name].present and kind != "text"]
+    if misplaced:
+        raise ConfigError(f"{', '.join(misplaced)}: only with --from text")
+    if kind == "text" and not overrides:
+        raise ConfigError("--from text needs at least one input: .txt/.jsonl files, quoted globs or directories")
+    if len(overrides) != 1 and kind != "text":
         what = "the TFDS dataset name" if kind == "tfds" else "the input path"
         raise ConfigError(f"convert takes exactly one positional argument, {what} (given: {list(overrides)})")
     if not FLAGS.out:
@@ -90,7 +113,7 @@ def run(overrides: Sequence[str]) -> int:
         inside = os.path.abspath(os.path.expanduser(FLAGS.out)) + os.sep
         if inside.startswith(os.path.abspath(os.path.expanduser(overrides[0])).rstrip(os.sep) + os.sep):
             raise ConfigError("--out must not be inside the image folder: its sub-folders are the classes")
-    source = make_source(kind, overrides[0])
+    source = make_source(kind, overrides[0], overrides[1:])
     result = convert(source, FLAGS.out, options)
     print(summary(result.metadata, result.out_dir, result.shards_written, result.shards_reused, result.already_complete))
     return 0
@@ -104,7 +127,12 @@ def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, a
         lines = [f"wrote {written} shard(s)" + (f", kept {reused} from the interrupted run" if reused else "") + f" in {out_dir}"]
     for split, entry in metadata["splits"].items():
         megabytes = sum(entry["bytes"]) / 2**20
-        lines.append(f"  {split}: {entry['num_examples']} examples in {len(entry['files'])} shard(s), {megabytes:.1f} MB")
+        if "num_documents" in entry:
+            lines.append(f"  {split}: {entry['num_documents']} documents, {entry['num_tokens']} tokens in "
+                         f"{len(entry['files'])} shard(s), {megabytes:.1f} MB; {entry['num_empty']} empty document(s) "
+                         "counted, not written")
+        else:
+            lines.append(f"  {split}: {entry['num_examples']} examples in {len(entry['files'])} shard(s), {megabytes:.1f} MB")
         if entry.get("num_skipped"):
             lines.append(f"    skipped {entry['num_skipped']} unreadable item(s) (all listed in metadata.json):")
             lines += [f"      {s['where']}: {s['reason']}" for s in entry["skipped"][:20]]
@@ -113,6 +141,17 @@ def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, a
     if metadata.get("class_names"):
         names = metadata["class_names"]
         lines.append(f"  classes ({len(names)}): {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
+    tokenizer = metadata.get("tokenizer")
+    if tokenizer:
+        special = ", ".join(f"{name} {i}" for name, i in tokenizer["special_ids"].items()) or "none"
+        lines.append(f"  tokenizer: {tokenizer['type']}, vocab_size {tokenizer['vocab_size']}, special ids: {special}"
+                     + (f" (model copied to {tokenizer['model_file']})" if tokenizer.get("model_file") else ""))
     split = next(iter(metadata["splits"]))
+    if tokenizer:
+        features = ", ".join(f"{name}: {{{', '.join(f'{k}: {v}' for k, v in spec.items())}}}"
+                             for name, spec in metadata["features"].items())
+        lines.append(f"read it with:  data: {{source: {{type: tfrecord, dir: {out_dir}, split: {split}}}, "
+                     f"features: {{{features}}}}}")
+        return "\n".join(lines)
     lines.append(f"read it with:  data.source: {{type: tfrecord, dir: {out_dir}, split: {split}}}")
     return "\n".join(lines)

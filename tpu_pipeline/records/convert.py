@@ -1,4 +1,4 @@
-"""Converts a source (image folder, CSV, NumPy, TFDS) into TFRecord shards plus metadata.json.
+"""Converts a source (image folder, CSV, NumPy, TFDS, text) into TFRecord shards plus metadata.json.
 
 Safe output, step by step:
   0. `OUT/.convert.lock` is taken first (see out_lock.py): a second convert into the same --out
@@ -7,8 +7,8 @@ Safe output, step by step:
      a fingerprint of the input and of the options that change the output;
   2. each shard is written to `_incomplete/NAME.tmp-XXXX`, renamed to `_incomplete/NAME` once whole,
      then its record `NAME.json` (examples, bytes, skipped items) is written;
-  3. when every shard is done they are renamed into OUT, metadata.json is written last, and
-     `_incomplete/` is removed.
+  3. when every shard is done they are renamed into OUT, a source's extra files (a tokenizer model)
+     are written atomically, metadata.json is written last, and `_incomplete/` is removed.
 An interrupted or failed run leaves no shard under its final name and no metadata.json (it is
 written only after every shard is whole), so nothing looks complete. The same command run again
 keeps the finished shards and writes the rest; other input or other options start over; a finished
@@ -26,7 +26,7 @@ import re
 import sys
 import time
 import uuid
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Iterator, Mapping, Optional, Protocol, Union
 
 import tensorflow as tf
 from absl import logging
@@ -57,8 +57,21 @@ class ItemError(Exception):
         self.reason = reason
 
 
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """What `encode` may return instead of the serialized example: the record, or None for an item that
+    is counted but not written (an empty document), plus numbers summed per shard and per split (tokens,
+    text bytes) that the source's `split_metadata` turns into metadata.json keys."""
+
+    record: Optional[bytes]
+    stats: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
 class ConvertSource(Protocol):
-    """What the converter needs from an input format. `encode` runs in worker threads."""
+    """What the converter needs from an input format. `encode` runs in worker threads.
+
+    Optional hooks (see `SourceExtras`), looked up with getattr so the other sources need none.
+    """
 
     kind: str  # the --from name, e.g. "image-folder"
     name: str  # a short dataset name for metadata.json
@@ -71,6 +84,14 @@ class ConvertSource(Protocol):
     def class_names(self) -> Optional[list[str]]: ...
     def identity(self) -> dict[str, Any]: ...  # everything the output depends on (fingerprinted)
     def describe(self) -> dict[str, Any]: ...  # the metadata's human-readable `source`
+
+
+class SourceExtras(Protocol):
+    """The optional part of a source: more metadata and files, written after the shards, before metadata.json."""
+
+    def split_metadata(self, split: str, shard_stats: list[dict[str, int]]) -> dict[str, Any]: ...  # new split keys
+    def extra_metadata(self) -> dict[str, Any]: ...  # new top-level keys, e.g. the tokenizer
+    def write_files(self, out_dir: str) -> list[str]: ...  # files written next to the shards (atomically); their names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +202,8 @@ def _finished_dataset(out_dir: str, key: str, options: ConvertOptions) -> Option
     for split in (existing.get("splits") or {}).values():
         for name in split.get("files", []):
             _remove_file(tf.io.gfile.join(out_dir, name))
+    for name in existing.get("extra_files") or []:  # e.g. a text dataset's tokenizer.model
+        _remove_file(tf.io.gfile.join(out_dir, name))
     return None
 
 
@@ -260,7 +283,7 @@ def _write_split(
                 "changed during the conversion. Run the command again to start over."
             )
 
-    def work(job: tuple[int, Any]) -> tuple[int, Optional[bytes], Optional[ItemError]]:
+    def work(job: tuple[int, Any]) -> tuple[int, Union[bytes, Encoded, None], Optional[ItemError]]:
         shard, item = job
         try:
             return shard, source.encode(item), None
@@ -285,6 +308,8 @@ def _write_split(
                         "such items and list them in metadata.json"
                     )
                 writer.skip(error)
+            elif isinstance(record, Encoded):
+                writer.write(record.record, record.stats)
             else:
                 writer.write(record)
         if writer.shard is not None:
@@ -307,16 +332,21 @@ class _ShardWriter:
         self.temp = ""
         self.count = 0
         self.skipped: list[dict[str, str]] = []
+        self.stats: dict[str, int] = {}
         self.writer: Optional[tf.io.TFRecordWriter] = None
 
     def start(self, shard: int, name: str) -> None:
-        self.shard, self.name, self.count, self.skipped = shard, name, 0, []
+        self.shard, self.name, self.count, self.skipped, self.stats = shard, name, 0, [], {}
         self.temp = tf.io.gfile.join(self.state, f"{name}.tmp-{uuid.uuid4().hex[:8]}")
         self.writer = tf.io.TFRecordWriter(self.temp, self.options)
 
-    def write(self, record: bytes) -> None:
-        self.writer.write(record)
-        self.count += 1
+    def write(self, record: Optional[bytes], stats: Optional[Mapping[str, int]] = None) -> None:
+        """Writes `record` (None: only its stats count, e.g. an empty document) and adds up `stats`."""
+        if record is not None:
+            self.writer.write(record)
+            self.count += 1
+        for key, value in (stats or {}).items():
+            self.stats[key] = self.stats.get(key, 0) + int(value)
 
     def skip(self, error: ItemError) -> None:
         self.skipped.append({"where": error.where, "reason": error.reason})
@@ -327,6 +357,8 @@ class _ShardWriter:
         path = tf.io.gfile.join(self.state, self.name)
         tf.io.gfile.rename(self.temp, path, overwrite=True)
         record = {"count": self.count, "bytes": tf.io.gfile.stat(path).length, "skipped": self.skipped}
+        if self.stats:
+            record["stats"] = self.stats
         _write_json(f"{path}.json", record)
         self.shard = None
         delay = float(os.environ.get(SHARD_DELAY_ENV, "0") or 0)
@@ -343,10 +375,11 @@ class _ShardWriter:
 def _finish(
     source: ConvertSource, out_dir: str, state: str, plan: dict[str, Any], key: str, options: ConvertOptions
 ) -> dict[str, Any]:
-    """Moves every shard into place, writes metadata.json last, then removes `_incomplete/`."""
+    """Moves every shard into place, writes the source's extra files, metadata.json last, then removes
+    `_incomplete/`."""
     splits: dict[str, Any] = {}
     for split, entry in plan["splits"].items():
-        counts, sizes, skipped = [], [], []
+        counts, sizes, skipped, stats = [], [], [], []
         for name in entry["files"]:
             record = _read_json(tf.io.gfile.join(state, f"{name}.json"))
             staged = tf.io.gfile.join(state, name)
@@ -355,10 +388,13 @@ def _finish(
             counts.append(record["count"])
             sizes.append(record["bytes"])
             skipped.extend(record["skipped"])
+            stats.append(record.get("stats", {}))
         splits[split] = {
             "files": entry["files"], "counts": counts, "bytes": sizes, "num_examples": sum(counts),
             "num_skipped": len(skipped), "skipped": skipped,
         }
+        if hasattr(source, "split_metadata"):
+            _add_new_keys(splits[split], source.split_metadata(split, stats), f"split {split!r}")
     metadata = {
         "format_version": FORMAT_VERSION,
         "name": source.name,
@@ -370,9 +406,21 @@ def _finish(
         "fingerprint": key,
         "options": {"target_shard_mb": options.target_shard_mb, "min_shards": options.min_shards},
     }
+    if hasattr(source, "extra_metadata"):
+        _add_new_keys(metadata, source.extra_metadata(), "metadata")
+    if hasattr(source, "write_files"):
+        metadata["extra_files"] = list(source.write_files(out_dir))  # --overwrite removes them too
     write_metadata(out_dir, metadata)
     _remove_tree(state)
     return read_metadata(out_dir) or metadata
+
+
+def _add_new_keys(target: dict[str, Any], extra: Mapping[str, Any], where: str) -> None:
+    """A source's hook adds keys; the converter's own (files, counts, fingerprint, ...) are never replaced."""
+    clash = sorted(set(extra) & set(target))
+    if clash:
+        raise ValueError(f"a source's metadata hook may only add keys to the {where}; {clash} are the converter's")
+    target.update(extra)
 
 
 def _list(directory: str) -> list[str]:

@@ -1,0 +1,336 @@
+"""Text corpora → tf.Examples of token ids (`tokens`, int64, ragged): `convert --from text`.
+
+Inputs are files, quoted globs and directories (every *.txt/*.jsonl/*.json under them, sorted).
+A document is a whole .txt file, a line of it (`document_per_line`), or one JSON line's
+`text_field` (or its pre-tokenized `ids_field`). Documents are shuffled with `seed` and cut into
+splits by fraction, as for CSV rows; each one's ids end with the tokenizer's EOS.
+
+Only offsets are kept in memory: the constructor counts the lines (one pass over the files), the
+writer's thread reads each document's bytes when its turn comes, and worker threads decode and
+tokenize them. Empty documents are counted (`num_empty`), not written; a line that is not UTF-8 or
+not JSON is an ItemError naming file:line.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import uuid
+from typing import Any, BinaryIO, Iterator, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tpu_pipeline.errors import ConfigError, DataError
+from tpu_pipeline.format.tokenizer import IdsTokenizer, Tokenizer, load_tokenizer
+from tpu_pipeline.records.convert import Encoded, ItemError
+from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
+from tpu_pipeline.system import local_path
+
+TEXT_SUFFIXES = (".txt",)
+JSON_SUFFIXES = (".jsonl", ".json")
+FEATURE = "tokens"
+_BOM = b"\xef\xbb\xbf"
+_GLOB = set("*?[")
+_OPEN_FILES = 32  # handles the reader keeps open while documents of many files interleave
+Item = tuple[int, bytes]  # (document index, its raw bytes)
+
+
+def _open(path: str) -> BinaryIO:
+    return open(path, "rb") if "://" not in path else tf.io.gfile.GFile(path, "rb")
+
+
+def _walk(directory: str) -> list[str]:
+    """Every *.txt/*.jsonl/*.json file under `directory`, sorted; hidden files and folders are not inputs."""
+    found = []
+    for root, _, names in tf.io.gfile.walk(directory):
+        relative = os.path.relpath(root, directory)
+        if relative != "." and any(part.startswith(".") for part in relative.split(os.sep)):
+            continue
+        found += [tf.io.gfile.join(root, name) for name in names
+                  if not name.startswith(".") and name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES)]
+    return sorted(found)
+
+
+def expand_inputs(paths: Sequence[str], json_lines: bool) -> list[str]:
+    """Files, globs and directories → files in the given order (directories sorted), each once."""
+    if not paths:
+        raise ConfigError("--from text needs at least one input: files, quoted globs or directories")
+    files: list[str] = []
+    for given in paths:
+        path = local_path(given, absolute=True)
+        if _GLOB & set(given):
+            matches = sorted(tf.io.gfile.glob(path))
+            if not matches:
+                raise DataError(f"text: {given!r} matches no file")
+        elif tf.io.gfile.exists(path):
+            matches = [path]
+        else:
+            raise DataError(f"text: {given!r} does not exist")
+        for match in matches:
+            if tf.io.gfile.isdir(match):
+                found = _walk(match)
+                if not found:
+                    raise DataError(f"text: directory {match!r} holds no *.txt, *.jsonl or *.json file")
+                files += found
+            else:
+                files.append(match)
+    for path in files:
+        name = path.lower()
+        if not json_lines and name.endswith(JSON_SUFFIXES):
+            raise ConfigError(f"--from text: {path} is JSON lines: pass --text_field NAME (or --ids_field NAME) to "
+                              "read it, or leave it out of the inputs")
+        if json_lines and name.endswith(TEXT_SUFFIXES):
+            raise ConfigError(f"--text_field/--ids_field read JSON lines, and {path} is a .txt file: leave it out "
+                              "of the inputs (give the .jsonl files, or a quoted glob of them)")
+    return list(dict.fromkeys(files))
+
+
+def line_bounds(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) byte offsets of each line (end before its '\\n'); no line after a final newline."""
+    newlines, size = [], 0
+    with _open(path) as handle:
+        while True:
+            chunk = handle.read(1 << 24)
+            if not chunk:
+                break
+            newlines.append(np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + size)
+            size += len(chunk)
+    ends = np.concatenate(newlines + [np.array([size], np.int64)]).astype(np.int64)
+    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+    if starts[-1] == size:  # the file is empty or ends with a newline
+        starts, ends = starts[:-1], ends[:-1]
+    return starts, ends
+
+
+def _stat(path: str) -> tuple[int, int]:
+    if "://" in path:
+        stat = tf.io.gfile.stat(path)
+        return int(stat.length), int(stat.mtime_nsec)
+    stat = os.stat(path)
+    return int(stat.st_size), int(stat.st_mtime_ns)
+
+
+class TextSource:
+    """A text corpus as a ConvertSource: documents by offset, read in write order, tokenized in workers."""
+
+    kind = "text"
+
+    def __init__(
+        self, paths: Sequence[str], *, splits: str = "train", seed: int = 0, shuffle: bool = True,
+        tokenizer: Union[str, Tokenizer] = "bytes", document_per_line: bool = False,
+        text_field: Optional[str] = None, ids_field: Optional[str] = None, vocab_size: Optional[int] = None,
+    ) -> None:
+        if isinstance(paths, str):
+            paths = [paths]
+        self._check_flags(tokenizer, document_per_line, text_field, ids_field, vocab_size)
+        self.text_field, self.ids_field = text_field, ids_field
+        self.json_lines = bool(text_field or ids_field)
+        self.per_line = document_per_line or self.json_lines
+        self.tokenizer: Tokenizer = (
+            IdsTokenizer(int(vocab_size)) if ids_field else load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        )
+        self.seed, self.shuffle = seed, shuffle
+        self.fractions = split_fractions(splits)
+        self.inputs = [local_path(p, absolute=True) for p in paths]
+        self.files = expand_inputs(paths, self.json_lines)
+        self.stats = [_stat(path) for path in self.files]
+        first = self.inputs[0].rstrip("/")
+        self.name = os.path.splitext(os.path.basename(first))[0] if len(self.inputs) == 1 and not _GLOB & set(first) else "text"
+        self._index()
+        self._splits = assign_splits(len(self.file_ids), self.fractions, seed, shuffle)
+
+    @staticmethod
+    def _check_flags(tokenizer: Union[str, Tokenizer], per_line: bool, text_field: Optional[str],
+                     ids_field: Optional[str], vocab_size: Optional[int]) -> None:
+        if text_field and ids_field:
+            raise ConfigError("--text_field and --ids_field: give one of them (text to tokenize, or ids as they are)")
+        if ids_field and vocab_size is None:
+            raise ConfigError("--ids_field needs --vocab_size N: every id must lie in [0, N)")
+        if vocab_size is not None and not ids_field:
+            raise ConfigError("--vocab_size: only with --ids_field (a tokenizer brings its own vocabulary)")
+        if vocab_size is not None and vocab_size < 1:
+            raise ConfigError(f"--vocab_size must be >= 1 (given: {vocab_size})")
+        if ids_field and tokenizer != "bytes":
+            raise ConfigError("--tokenizer: not with --ids_field, whose ids are already tokens")
+        if per_line and (text_field or ids_field):
+            raise ConfigError("--document_per_line: JSON lines are one document per line already; leave the flag out")
+
+    def _index(self) -> None:
+        """Every document's file, line and byte range, as arrays (a few bytes each, whatever the corpus)."""
+        if not self.per_line:
+            count = len(self.files)
+            self.file_ids = np.arange(count, dtype=np.int32)
+            self.lines = np.zeros(count, np.int64)
+            self.starts, self.ends = np.zeros(count, np.int64), np.full(count, -1, np.int64)
+            return
+        if any("://" in path for path in self.files):
+            logging.warning("text: remote inputs are read with one seek per line; a local copy converts faster.")
+        file_ids, lines, starts, ends = [], [], [], []
+        for index, path in enumerate(self.files):
+            begin, end = line_bounds(path)
+            file_ids.append(np.full(len(begin), index, np.int32))
+            lines.append(np.arange(1, len(begin) + 1, dtype=np.int64))
+            starts.append(begin)
+            ends.append(end)
+        self.file_ids = np.concatenate(file_ids)
+        self.lines, self.starts, self.ends = np.concatenate(lines), np.concatenate(starts), np.concatenate(ends)
+
+    def split_sizes(self) -> dict[str, int]:
+        return {name: len(indices) for name, indices in self._splits.items()}
+
+    def estimate_bytes(self, split: str) -> int:
+        indices = self._splits[split]
+        step = max(1, len(indices) // 256)
+        sizes = []
+        for item in self._read(indices[::step]):
+            try:
+                encoded = self.encode(item)
+            except ItemError:
+                continue
+            sizes.append(len(encoded.record) + RECORD_OVERHEAD if encoded.record is not None else 0)
+        mean = sum(sizes) / len(sizes) if sizes else 100
+        return int(mean * len(indices))
+
+    def items(self, split: str, start: int) -> Iterator[Item]:
+        return self._read(self._splits[split][start:])
+
+    def _read(self, documents: np.ndarray) -> Iterator[Item]:
+        """Each document's bytes, in the given order (a seek per line, a few files kept open)."""
+        handles: collections.OrderedDict[int, BinaryIO] = collections.OrderedDict()
+        try:
+            for doc in documents.tolist():
+                file_id, start, end = int(self.file_ids[doc]), int(self.starts[doc]), int(self.ends[doc])
+                if end < 0:
+                    with _open(self.files[file_id]) as handle:
+                        yield doc, handle.read()
+                    continue
+                handle = handles.pop(file_id, None)
+                handles[file_id] = handle = handle if handle is not None else _open(self.files[file_id])
+                if len(handles) > _OPEN_FILES:
+                    handles.popitem(last=False)[1].close()
+                handle.seek(start)
+                yield doc, handle.read(end - start)
+        finally:
+            for handle in handles.values():
+                handle.close()
+
+    def where(self, doc: int) -> str:
+        path = self.files[int(self.file_ids[doc])]
+        return f"{path}:{int(self.lines[doc])}" if self.per_line else path
+
+    def encode(self, item: Item) -> Encoded:
+        doc, raw = item
+        if self.starts[doc] == 0 and raw.startswith(_BOM):
+            raw = raw[len(_BOM):]
+        if self.per_line and raw.endswith(b"\r"):  # a CRLF line ending is not part of the line
+            raw = raw[:-1]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = raw[: error.start].count(b"\n") + 1
+            at = "" if self.per_line else f" on line {line}"
+            raise ItemError(self.where(doc), f"not UTF-8 text ({error.reason} at byte {error.start}{at}); "
+                                             "save it as UTF-8") from None
+        if self.json_lines:
+            return self._encode_json(doc, text)
+        return self._encode_ids(self.tokenizer.encode(text) if text else [], len(raw))
+
+    def _encode_json(self, doc: int, text: str) -> Encoded:
+        if not text.strip():  # a blank line holds no document: counted as empty
+            return Encoded(None, {"empty": 1})
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ItemError(self.where(doc), f"not valid JSON ({error.msg} at column {error.colno}); JSON lines "
+                                             "hold one object per line") from None
+        if not isinstance(value, dict):
+            raise ItemError(self.where(doc), f"a JSON {type(value).__name__} where one object per line is expected")
+        field = self.ids_field or self.text_field
+        if field not in value:
+            raise ItemError(self.where(doc), f"no field {field!r} (its fields: {sorted(value)[:20]}); "
+                                             f"set --{'ids' if self.ids_field else 'text'}_field")
+        content = value[field]
+        if self.ids_field:
+            return self._encode_ids(self._check_ids(doc, content), None)
+        if not isinstance(content, str):
+            raise ItemError(self.where(doc), f"field {field!r} is a JSON {type(content).__name__}, not a string")
+        return self._encode_ids(self.tokenizer.encode(content) if content else [], len(content.encode("utf-8")))
+
+    def _check_ids(self, doc: int, content: Any) -> list[int]:
+        if not isinstance(content, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in content):
+            raise ItemError(self.where(doc), f"field {self.ids_field!r} must be a list of integers")
+        size = self.tokenizer.vocab_size
+        for position, i in enumerate(content):
+            if not 0 <= i < size:
+                raise ItemError(self.where(doc), f"id {i} (position {position}) is outside [0, {size}) "
+                                                 f"(--vocab_size {size})")
+        return content
+
+    def _encode_ids(self, ids: list[int], text_bytes: Optional[int]) -> Encoded:
+        """One document's ids (+ EOS) as an Example; no ids at all is an empty document, counted."""
+        if not ids:
+            return Encoded(None, {"empty": 1})
+        if self.tokenizer.eos_id is not None:
+            ids = ids + [self.tokenizer.eos_id]
+        feature = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
+        record = tf.train.Example(features=tf.train.Features(feature={FEATURE: feature})).SerializeToString()
+        stats = {"documents": 1, "tokens": len(ids)}
+        if text_bytes is not None:
+            stats["text_bytes"] = text_bytes
+        return Encoded(record, stats)
+
+    def features(self) -> dict[str, dict[str, Any]]:
+        return {FEATURE: {"dtype": "int64", "kind": "ragged"}}
+
+    def class_names(self) -> Optional[list[str]]:
+        return None
+
+    def split_metadata(self, split: str, shard_stats: list[dict[str, int]]) -> dict[str, Any]:
+        """Documents, tokens and text bytes per split, and tokens per shard (to plan packing and steps)."""
+        total = collections.Counter()
+        for stats in shard_stats:
+            total.update(stats)
+        entry = {
+            "num_documents": total["documents"], "num_tokens": total["tokens"], "num_empty": total["empty"],
+            "tokens": [stats.get("tokens", 0) for stats in shard_stats],
+        }
+        if not self.ids_field:
+            entry["num_text_bytes"] = total["text_bytes"]
+        return entry
+
+    def extra_metadata(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer.describe()}
+
+    def write_files(self, out_dir: str) -> list[str]:
+        """A SentencePiece model is copied next to the shards (temporary file + rename), so the dataset
+        decodes with it after the original file moved; `describe()` names it."""
+        proto = getattr(self.tokenizer, "model_proto", None)
+        name = self.tokenizer.describe().get("model_file")
+        if proto is None or not name:
+            return []
+        path = tf.io.gfile.join(out_dir, name)
+        temp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with tf.io.gfile.GFile(temp, "wb") as handle:
+            handle.write(proto)
+        tf.io.gfile.rename(temp, path, overwrite=True)
+        return [name]
+
+    def identity(self) -> dict[str, Any]:
+        listing = hashlib.sha256(json.dumps([self.files, self.stats]).encode()).hexdigest()
+        return {
+            "kind": self.kind, "files": listing, "num_files": len(self.files), "num_documents": len(self.file_ids),
+            "per_line": self.per_line, "text_field": self.text_field, "ids_field": self.ids_field,
+            "tokenizer": self.tokenizer.describe(), "tokenizer_sha256": getattr(self.tokenizer, "model_sha256", None),
+            "splits": self.fractions, "seed": self.seed, "shuffle": self.shuffle,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "inputs": self.inputs[:100], "num_inputs": len(self.inputs),  # a shell glob can be long
+            "num_files": len(self.files), "num_documents": len(self.file_ids),
+            "document_per_line": self.per_line and not self.json_lines, "text_field": self.text_field,
+            "ids_field": self.ids_field, "splits": self.fractions, "seed": self.seed, "shuffle": self.shuffle,
+        }
