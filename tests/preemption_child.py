@@ -2,6 +2,7 @@
 
     preemption_child.py loop  CONFIG_JSON OUT_DIR STEPS   # 2 input pipelines, our iterators, a custom loop
     preemption_child.py train CONFIG_JSON OUT_DIR         # `train` (8 CPU replicas, or a TF_CONFIG worker)
+    preemption_child.py train_lm CONFIG_JSON OUT_DIR      # `train` of a language model on packed rows
 
 Each appends one line per training step to OUT_DIR/ids.log: `step pipeline-or-replica id id ...`.
 A killed child leaves lines for steps after its last checkpoint; the next child redoes those
@@ -52,8 +53,22 @@ def loop(config_path: str, out_dir: str, steps: int) -> None:
     print("done", flush=True)
 
 
-def train(config_path: str, out_dir: str) -> None:
-    """The real training job, with the model's train_step logging the ids (the targets) it trains on."""
+def document_ids(tokens, segment_ids) -> list[int]:
+    """The document of each segment of a packed batch (rows in order, segments in order): its text
+    starts with the document's number in 5 digits, as byte ids (byte + 3)."""
+    import numpy as np
+
+    out = []
+    for row, segments in zip(np.asarray(tokens), np.asarray(segment_ids)):
+        for segment in range(1, int(segments.max(initial=0)) + 1):
+            text = bytes(int(t) - 3 for t in row[segments == segment][:5])
+            out.append(int(text.decode()))
+    return out
+
+
+def train(config_path: str, out_dir: str, language_model: bool = False) -> None:
+    """The real training job, with the model's train_step logging the ids it trains on: the targets,
+    or for a language model the documents of the packed inputs' segments."""
     from tpu_pipeline.train import runner
 
     build_model = runner.build_model
@@ -62,14 +77,16 @@ def train(config_path: str, out_dir: str) -> None:
         model = build_model(*args, **kwargs)
         train_step = model.train_step
 
-        def log(step, replica, ids):
-            log_line(out_dir, int(step), int(replica), ids.numpy())
+        def log(step, replica, *ids):
+            ids = document_ids(*ids) if language_model else ids[0].numpy()
+            log_line(out_dir, int(step), int(replica), ids)
             time.sleep(0.02)  # room for the parent to kill at a chosen step
             return 0
 
         def step_with_log(data):
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            done = tf.py_function(log, [model.optimizer.iterations, replica, data[1]], tf.int32)
+            logged = [data[0]["inputs"], data[0]["inputs_segment_ids"]] if language_model else [data[1]]
+            done = tf.py_function(log, [model.optimizer.iterations, replica, *logged], tf.int32)
             with tf.control_dependencies([done]):
                 return train_step(data)
 
@@ -87,4 +104,4 @@ if __name__ == "__main__":
     if mode == "loop":
         loop(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
-        train(sys.argv[2], sys.argv[3])
+        train(sys.argv[2], sys.argv[3], language_model=mode == "train_lm")

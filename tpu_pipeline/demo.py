@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from tpu_pipeline.config import Config, load_config
 from tpu_pipeline.records import ensure_demo_dataset
+from tpu_pipeline.records.demo_text import TEXT_DEMO_DIR, ensure_text_demo
+from tpu_pipeline.system import local_path
 
 DEMO_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs_builtin", "demo.yaml")
 
@@ -19,3 +21,16 @@ def demo_overrides(cache_dir: Optional[str] = None, **dataset_args: int) -> list
 def demo_config(overrides: Sequence[str] = (), cache_dir: Optional[str] = None, **dataset_args: int) -> Config:
     """The demo config on the demo data, with your overrides (e.g. 'train.epochs=2') applied last."""
     return load_config(DEMO_CONFIG, demo_overrides(cache_dir, **dataset_args) + list(overrides))
+
+
+def ensure_builtin_data(raw: dict[str, Any]) -> None:
+    """Writes the text demo where a config's data or eval_data source points at it (a directory ending in
+    demo_text/v1, as configs/text_lm.yaml's does) and it is not there yet: such a config trains with no
+    data of yours, on any machine."""
+    for section in ("data", "eval_data"):
+        source = (raw.get(section) or {}).get("source") or {}
+        directory = source.get("dir") if isinstance(source, dict) else None
+        if isinstance(directory, str) and "://" not in directory:
+            path = os.path.normpath(local_path(directory))
+            if path.endswith(os.sep + TEXT_DEMO_DIR):
+                ensure_text_demo(out_dir=path)

@@ -7,7 +7,7 @@ from absl import flags
 
 from tpu_pipeline.config import Config, config_from_dict
 from tpu_pipeline.config.loader import apply_overrides, import_modules, merge, params_override, read_layered, read_yaml
-from tpu_pipeline.demo import DEMO_CONFIG, demo_overrides
+from tpu_pipeline.demo import DEMO_CONFIG, demo_overrides, ensure_builtin_data
 from tpu_pipeline.ops import check_ops
 
 FLAGS = flags.FLAGS
@@ -28,6 +28,7 @@ def load_raw(overrides: Sequence[str]) -> tuple[dict[str, Any], Config]:
         raw = merge(raw, params_override(FLAGS.params_override))
     raw = apply_overrides(raw, overrides)
     import_modules(raw.get("imports") or [])
+    ensure_builtin_data(raw)
     config = config_from_dict(raw)
     check_ops(config.data, "data")
     check_ops(config.eval_data, "eval_data")

@@ -226,6 +226,11 @@ class OutputsConfig(StrictModel):
 
     inputs: Union[str, list[str]] = "image"
     targets: Union[str, list[str], None] = "label"
+    weights: Union[str, list[str], None] = pydantic.Field(
+        None, description="feature(s) giving Keras's sample weights, third in the tuple: an integer feature "
+        "weighs 1 where it is non-zero (segment ids, masks: each real token once, padding never), a float "
+        "feature its value; several multiply. A language model on packed rows: targets_segment_ids"
+    )
 
 
 class OptionsConfig(StrictModel):

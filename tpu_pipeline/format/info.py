@@ -13,6 +13,17 @@ class DatasetInfo:
     num_examples: Optional[int]
     class_names: Optional[list[str]]
     features: dict[str, Any]
+    tokenizer: Optional[dict[str, Any]] = None  # a converted text dataset's metadata.json "tokenizer" entry
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        """The token vocabulary (a language model's logits width), when the data was tokenized by convert."""
+        return int(self.tokenizer["vocab_size"]) if self.tokenizer and self.tokenizer.get("vocab_size") else None
+
+    @property
+    def byte_offset(self) -> Optional[int]:
+        """The id of byte 0 for byte-level token ids (bits per byte can then be counted), else None."""
+        return int(self.tokenizer.get("offset", 3)) if self.tokenizer and self.tokenizer.get("type") == "bytes" else None
 
     @property
     def num_classes(self) -> Optional[int]:

@@ -131,6 +131,11 @@ def _layers(keras: ModuleType) -> SimpleNamespace:
             matrix = tf.cast(self.embedding.embeddings, tf.float32)
             return tf.einsum("blw,vw->blv", tf.cast(hidden, tf.float32), matrix)
 
+        def get_config(self) -> dict[str, Any]:
+            # For the model's JSON summary (TensorBoard writes one): the shared layer by name. Whole-model
+            # saving is not how runs persist (checkpoints of the weights are), so from_config is not offered.
+            return {**super().get_config(), "embedding": self.embedding.name}
+
     class Pool(keras.layers.Layer):
         """[B, L, W] → [B, W] in float32: the mean over the row's real tokens, or its first token."""
 

@@ -25,7 +25,7 @@ follows the plan.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -36,6 +36,7 @@ from tpu_pipeline.config.data import (
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.bad_records import SkipReport, check_files
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
+from tpu_pipeline.pipeline.record_check import Vocabulary
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
@@ -108,6 +109,7 @@ class Pipeline:
     config: Optional[DataConfig] = dataclasses.field(default=None, repr=False, compare=False)
     prefix: str = "data"  # the config key errors name (data, eval_data)
     num_classes: Optional[int] = None
+    vocab: Optional[Vocabulary] = None  # the config's token vocabulary, for files whose metadata.json has none
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,
               with_position: bool = False) -> tf.data.Dataset:
@@ -300,7 +302,7 @@ class Pipeline:
         scan does not find (or a pipeline not built by `from_config`), passes through unchanged.
         `iterator()` and `distributed_iterator()` do this themselves.
         """
-        return NamingDataErrors(self.config, self.prefix, self.num_classes, self.source)
+        return NamingDataErrors(self.config, self.prefix, self.num_classes, self.source, self.vocab)
 
     def for_evaluation(self) -> "Pipeline":
         """This pipeline for exact evaluation: every record of one pass, split between input pipelines
@@ -352,8 +354,8 @@ class Pipeline:
         source = self.source
         if isinstance(source, RecordFileSource):
             source = source.with_read(dataclasses.replace(source.read, cover_all=True))
-        stages = [dataclasses.replace(stage, weights=EXAMPLE_MASK) if isinstance(stage, ToOutputs) else stage
-                  for stage in self.stages]
+        stages = [dataclasses.replace(stage, weights=_with_example_mask(stage.weights)) if isinstance(stage, ToOutputs)
+                  else stage for stage in self.stages]
         counted = dataclasses.replace(self, source=source, stages=stages)
         return dataclasses.replace(counted, stages=[*stages, _CountedSteps(_CountedRows(counted))])
 
@@ -375,24 +377,26 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, config: DataConfig, *, target: str = "cpu", source: Optional[Source] = None,
-                    prefix: str = "data", num_classes: Optional[int] = None) -> "Pipeline":
+                    prefix: str = "data", num_classes: Optional[int] = None,
+                    vocab: Optional[Vocabulary] = None) -> "Pipeline":
         """The pipeline a config describes, planned once. `target='tpu'` adds the TPU check.
 
         `source` replaces the config's source, e.g. `ArraySource(arrays)` from Python; `prefix` is
         the config key errors name (data, eval_data); `num_classes`, where known, lets
-        `on_error: skip` check labels.
+        `on_error: skip` check labels, and `vocab` (`record_check.config_vocabulary(config)`) token ids
+        where the dataset's metadata.json names no tokenizer.
         """
         source = source or source_from_config(config)
         skipped = None
         if config.on_error == "skip" and isinstance(source, RecordFileSource):
-            source, skipped = without_bad_records(config, source, prefix, num_classes)
+            source, skipped = without_bad_records(config, source, prefix, num_classes, vocab)
             check_copies_reachable(config, skipped, prefix)
         plan = make_plan(config, source, prefix)
         if plan.features.value and isinstance(source, RecordFileSource) and skipped is None:
             check_first_record(source, plan.features.value, prefix)
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),
                    check_tpu=target == "tpu", plan=plan, skipped=skipped, config=config, prefix=prefix,
-                   num_classes=num_classes)
+                   num_classes=num_classes, vocab=vocab)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,6 +412,13 @@ class _CountedSteps:
 
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         return dataset
+
+
+def _with_example_mask(weights: Union[str, Sequence[str], None]) -> Union[str, list[str]]:
+    """A bucketed evaluation's weights: the example mask, times the data's own (per-token) weights."""
+    if weights is None:
+        return EXAMPLE_MASK
+    return [EXAMPLE_MASK, *([weights] if isinstance(weights, str) else weights)]
 
 
 class _CountedRows:
@@ -429,13 +440,14 @@ class _CountedRows:
 
 
 def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: str,
-                        num_classes: Optional[int]) -> tuple[RecordFileSource, SkipReport]:
+                        num_classes: Optional[int], vocab: Optional[Vocabulary] = None
+                        ) -> tuple[RecordFileSource, SkipReport]:
     """The source reading only good records (damaged files replaced by checked copies), and what was left out."""
     files_source = source.files_source()
     info = source.info()
     features = config.features or info.features
     report = check_files(config, prefix, files_source.tfrecord_files(), files_source.compression, features,
-                         files_source.listed_counts(), num_classes or info.num_classes)
+                         files_source.listed_counts(), num_classes or info.num_classes, vocab)
     clean = TFRecordSource(files=[r.read_from for r in report.files], compression=files_source.compression,
                            read=files_source.read, counts=[r.good for r in report.files], exact_files=True)
     if isinstance(source, DatasetDirSource):
@@ -541,7 +553,7 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
         ))
         stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=False) if sequence else [batch]
     if config.outputs is not None:
-        stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets))
+        stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets, weights=config.outputs.weights))
     if config.service.enabled:  # plan.service: the workers make the batches, this host prefetches them
         service = config.service
         stages.append(ServiceSplit(service.address, service.mode, service.job_name, service.num_consumers,

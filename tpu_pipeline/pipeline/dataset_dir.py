@@ -45,7 +45,7 @@ class DatasetDirSource(RecordFileSource):
     def info(self) -> DatasetInfo:
         metadata, entry = load_dataset_dir(self.dir, self.split)
         examples = sum(self.replaced.counts) if self.replaced is not None else int(entry["num_examples"])
-        return DatasetInfo(examples, metadata.get("class_names"), dir_features(self.dir))
+        return DatasetInfo(examples, metadata.get("class_names"), dir_features(self.dir), metadata.get("tokenizer"))
 
     def files_source(self) -> TFRecordSource:
         return self._files

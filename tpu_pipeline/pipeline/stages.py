@@ -313,7 +313,10 @@ class ToOutputs:
     targets: Union[str, Sequence[str], None] = "label"
     num_parallel_calls: Union[int, str, None] = None  # picking keys: no work worth a thread crossing
     position: bool = False
-    weights: Optional[str] = None  # a feature given as Keras's sample weights (float32): (inputs, targets, weights)
+    # Feature(s) giving Keras's sample weights: (inputs, targets, weights). An integer feature weighs 1
+    # where non-zero (segment ids, masks), a float one its value; several (an example mask [B] and a
+    # token mask [B, L]) multiply, broadcast from the left.
+    weights: Union[str, Sequence[str], None] = None
 
     def _pick(self, features: Features, keys: Union[str, Sequence[str]], what: str) -> Any:
         names = [keys] if isinstance(keys, str) else list(keys)
@@ -324,13 +327,28 @@ class ToOutputs:
             )
         return features[keys] if isinstance(keys, str) else {k: features[k] for k in names}
 
+    def _weights(self, features: Features) -> tf.Tensor:
+        names = [self.weights] if isinstance(self.weights, str) else list(self.weights)
+        product = None
+        for name in names:
+            value = self._pick(features, name, "weights")
+            value = tf.cast(value, tf.float32) if value.dtype.is_floating else tf.cast(value != 0, tf.float32)
+            if product is not None:  # [B] times [B, L]: the example's weight on each of its tokens
+                while value.shape.rank < product.shape.rank:
+                    value = value[..., tf.newaxis]
+                while product.shape.rank < value.shape.rank:
+                    product = product[..., tf.newaxis]
+                value = product * value
+            product = value
+        return product
+
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         def fn(features: Features):
             features, position = split_position(features)
             inputs = self._pick(features, self.inputs, "inputs")
             outputs = inputs if self.targets is None else (inputs, self._pick(features, self.targets, "targets"))
             if self.weights is not None:
-                outputs = (*outputs, tf.cast(self._pick(features, self.weights, "weights"), tf.float32))
+                outputs = (*outputs, self._weights(features))
             return (outputs, position) if self.position and position else outputs
 
         calls = None if self.num_parallel_calls is None else tune(self.num_parallel_calls)
@@ -343,6 +361,21 @@ class SplitPosition:
     `position=True` returned beside it, as ToOutputs does."""
 
     position: bool = False
+
+    def _weights(self, features: Features) -> tf.Tensor:
+        names = [self.weights] if isinstance(self.weights, str) else list(self.weights)
+        product = None
+        for name in names:
+            value = self._pick(features, name, "weights")
+            value = tf.cast(value, tf.float32) if value.dtype.is_floating else tf.cast(value != 0, tf.float32)
+            if product is not None:  # [B] times [B, L]: the example's weight on each of its tokens
+                while value.shape.rank < product.shape.rank:
+                    value = value[..., tf.newaxis]
+                while product.shape.rank < value.shape.rank:
+                    product = product[..., tf.newaxis]
+                value = product * value
+            product = value
+        return product
 
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         def fn(features: Features):
@@ -406,11 +439,14 @@ class PadToSteps:
         mine = -(-self.share(context) // size)
         extra = self.steps(context) * per_pipeline - mine
 
-        def pad(inputs: Any, targets: Any) -> tuple[Any, Any, tf.Tensor]:
+        def pad(inputs: Any, targets: Any, weights: Optional[tf.Tensor] = None) -> tuple[Any, Any, tf.Tensor]:
             count = tf.shape(tf.nest.flatten(targets)[0])[0]
             fill = lambda t: tf.ensure_shape(  # noqa: E731
                 tf.pad(t, [[0, size - count]] + [[0, 0]] * (t.shape.rank - 1)), [size] + t.shape.as_list()[1:])
-            weights = tf.ensure_shape(tf.concat([tf.ones([count]), tf.zeros([size - count])], 0), [size])
+            if weights is None:
+                weights = tf.ensure_shape(tf.concat([tf.ones([count]), tf.zeros([size - count])], 0), [size])
+            else:  # the data's own weights (per token, say): the padding rows get 0
+                weights = fill(weights)
             return tf.nest.map_structure(fill, inputs), tf.nest.map_structure(fill, targets), weights
 
         padded = dataset.map(pad, name="pad_to_steps")

@@ -22,9 +22,10 @@ class ProgressLogger(tf_keras.callbacks.Callback):
 
     def __init__(self, global_batch_size: int, every: int, meter: Optional[InputWaitMeter] = None,
                  total_steps: Optional[int] = None, printer: Callable[[str], None] = print,
-                 epochs_total: Optional[int] = None) -> None:
+                 epochs_total: Optional[int] = None, tokens: Optional[Any] = None) -> None:
         super().__init__()
         self.epochs_total = epochs_total
+        self.tokens = tokens  # a TokenMeter on the training pipeline (data.sequence): tokens/s and non-padding
         self.global_batch_size = global_batch_size
         self.every = every
         self.meter = meter
@@ -42,8 +43,24 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     def _wait(self) -> float:
         return self.meter.totals()[0] if self.meter is not None else 0.0
 
+    def _token_counts(self) -> tuple[int, int]:
+        """(real tokens, token slots) the training pipeline has delivered so far; (0, 0) without a meter."""
+        if self.tokens is None:
+            return 0, 0
+        return int(self.tokens.real.numpy()), int(self.tokens.slots.numpy())
+
+    def _rate(self, steps: int, seconds: float, tokens_since: Optional[tuple[int, int]]) -> str:
+        """examples/s, or for token data: real tokens/s and the non-padding share of the slots."""
+        if self.tokens is None or tokens_since is None:
+            return f"{steps * self.global_batch_size / seconds:,.0f} examples/s"
+        real, slots = (now - then for now, then in zip(self._token_counts(), tokens_since))
+        return f"{real / seconds:,.0f} tokens/s, non-padding {real / max(slots, 1):.3f}"
+
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
         self._mark = (time.perf_counter(), self._step(), self._wait())
+        self._tokens_mark = self._token_counts()
+        if not hasattr(self, "_first_tokens"):  # a resumed epoch's fit call and the next share one count
+            self._first_tokens = self._tokens_mark
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         self._last_batch_end = time.perf_counter()  # an epoch's rate ends here, before its validation
@@ -61,14 +78,18 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         logs = logs or {}
         total = f"/{self.total_steps}" if self.total_steps else ""
         metrics = " ".join(f"{k} {v:.4f}" for k, v in logs.items() if isinstance(v, (int, float)) and k != "cross_entropy")
+        if self._intervals == 1:
+            self._first_tokens = self._token_counts()  # tokens/s leaves out the interval with the tracing
         self.printer(
-            f"step {step}{total} {metrics} | {steps * self.global_batch_size / seconds:,.0f} examples/s"
+            f"step {step}{total} {metrics} | {self._rate(steps, seconds, self._tokens_mark)}"
             f" | waiting for input {100 * wait / seconds:.0f}% of step time"
         )
         self._mark = (time.perf_counter(), step, self._wait())
+        self._tokens_mark = self._token_counts()
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         self._epoch_mark = (time.perf_counter(), self._step(), self._wait())
+        self._epoch_tokens = self._token_counts()
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         """One Keras-style line per epoch: train and validation metrics, examples/s, input wait."""
@@ -84,7 +105,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         total = f"/{self.epochs_total}" if self.epochs_total else ""
         line = f"epoch {epoch + 1}{total}: {train}"
         line += f" | {validation}" if validation else ""
-        line += f" | {steps * self.global_batch_size / seconds:,.0f} examples/s"
+        line += f" | {self._rate(steps, seconds, getattr(self, '_epoch_tokens', None))}"
         line += f" | waiting for input {100 * (self._wait() - first_wait) / seconds:.0f}%"
         self.printer(line)
 
@@ -92,6 +113,12 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         if not self.timed_seconds:
             return None
         return self.timed_steps * self.global_batch_size / self.timed_seconds
+
+    def tokens_per_second(self) -> Optional[float]:
+        """Real tokens per second after the first logging interval (which holds the tracing)."""
+        if self.tokens is None or not self.timed_seconds:
+            return None
+        return (self._token_counts()[0] - self._first_tokens[0]) / self.timed_seconds
 
     def input_wait_fraction(self) -> Optional[float]:
         return self.timed_wait / self.timed_seconds if self.timed_seconds else None

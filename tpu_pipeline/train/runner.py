@@ -13,7 +13,7 @@ import itertools
 import os
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import tensorflow as tf
 from absl import logging
@@ -31,7 +31,7 @@ from tpu_pipeline.pipeline.position_log import PositionLog
 from tpu_pipeline.pipeline.sequence import Bucket
 from tpu_pipeline.pipeline.stages import ToOutputs
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
-from tpu_pipeline.pipeline.record_check import tf_message
+from tpu_pipeline.pipeline.record_check import config_vocabulary, tf_message
 from tpu_pipeline.train.callbacks import Checkpointer, ProgressLogger, TrainState
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
@@ -60,7 +60,17 @@ def full_batches(pipeline: Pipeline, batch_size: int, section: str, steps_key: s
 
 
 def num_classes(config: Config, pipeline: Pipeline) -> int:
-    """train.num_classes, else the number of class names the source knows (a dataset's metadata)."""
+    """train.num_classes, else the number of class names the source knows (a dataset's metadata); for a
+    language model, the vocabulary: train.num_classes, model.transformer.vocab_size, or the tokenizer's."""
+    if config.train.task == "language_model":
+        vocab = (config.train.num_classes or config.model.transformer.vocab_size
+                 or pipeline.source.info().vocab_size)
+        if vocab is None:
+            raise ConfigError(
+                "train.task=language_model: the vocabulary size is unknown; convert the text with "
+                "`tpu-pipeline convert --from text` (its metadata.json says it), or set model.transformer.vocab_size"
+            )
+        return vocab
     known = config.train.num_classes or pipeline.source.info().num_classes
     if known is None:
         raise ConfigError(
@@ -78,28 +88,62 @@ def _training_data(config: Config) -> DataConfig:
     return config.data
 
 
-def _element_shape(pipeline: Pipeline) -> list[int]:
+_RAGGED = ("data.outputs.inputs: its examples vary in length (a ragged feature), and a model needs static shapes: "
+           "add data.sequence: {keys: [...], length: 1024, mode: pack} (or pad, bucket) to pad, bucket or pack them")
+
+
+def _element_shape(pipeline: Pipeline, task: str = "classification") -> Union[list[int], dict[str, list[int]]]:
+    """The model's input shape(s) per example: one list, or a dict by input name (token ids with their
+    segment ids and positions); refuses what a model cannot take, in one line naming data.outputs."""
     spec = pipeline.build().element_spec
     if not isinstance(spec, tuple):
         raise ConfigError("data.outputs: training needs (inputs, targets); set data.outputs {inputs: ..., targets: ...}")
+    if task == "language_model":
+        _check_language_model_outputs(spec, pipeline)
     inputs = spec[0]
-    if isinstance(inputs, tf.RaggedTensorSpec):
+    named = inputs if isinstance(inputs, dict) else {"": inputs}
+    shapes = {}
+    for name, leaf in named.items():
+        if isinstance(leaf, tf.RaggedTensorSpec):
+            raise ConfigError(_RAGGED)
+        if not isinstance(leaf, tf.TensorSpec):
+            raise ConfigError(f"data.outputs.inputs: {name or 'the input'} is a {type(leaf).__name__}; a model takes tensors")
+        shape = leaf.shape.as_list()[1:]
+        bucket_length = isinstance(pipeline.windowed, Bucket) and len(shape) == 1
+        if any(size is None for size in shape) and not bucket_length:  # a bucket's length: one compile per bucket
+            raise ConfigError(
+                f"data.outputs.inputs: its examples have shape {shape}, which varies (None); a model needs one fixed "
+                "size: set data.image_size: [height, width] for a converted image folder, or add "
+                "{op: resize, key: image, size: [height, width]} to data.preprocess"
+            )
+        shapes[name] = shape
+    return shapes if isinstance(inputs, dict) else shapes[""]
+
+
+def _check_language_model_outputs(spec: tuple, pipeline: Pipeline) -> None:
+    """A language model needs a target token per input position and weights that leave padding out."""
+    targets = spec[1]
+    if isinstance(targets, tf.RaggedTensorSpec):
+        raise ConfigError(_RAGGED)
+    if not isinstance(targets, tf.TensorSpec) or targets.shape.rank != 2 or not targets.dtype.is_integer:
         raise ConfigError(
-            "data.outputs.inputs: its examples vary in length (a ragged feature), and a model needs static shapes: add "
-            "data.sequence: {keys: [...], length: 1024, mode: pack} (or pad, bucket) to pad, bucket or pack them"
+            f"data.outputs.targets: train.task=language_model predicts a token id per position, so the targets must be "
+            f"[batch, length] integer ids, not {targets}; shift the tokens with {{op: lm_shift, key: tokens}} and set "
+            "data.outputs.targets: targets"
         )
-    if not isinstance(inputs, tf.TensorSpec):
-        raise ConfigError("data.outputs.inputs: the built-in models take one input tensor; name one feature")
-    shape = inputs.shape.as_list()[1:]
-    if isinstance(pipeline.windowed, Bucket) and len(shape) == 1:
-        return shape  # token ids whose length is the bucket's: one shape (one compile) per bucket
-    if any(size is None for size in shape):
+    if len(spec) < 3 and pipeline.plan is not None and pipeline.plan.sequence.value is not None:
+        weights = "targets_segment_ids" if pipeline.plan.sequence.value.mode == "pack" else "targets_mask"
         raise ConfigError(
-            f"data.outputs.inputs: its examples have shape {shape}, which varies (None); a model needs one fixed "
-            "size: set data.image_size: [height, width] for a converted image folder, or add "
-            "{op: resize, key: image, size: [height, width]} to data.preprocess"
+            f"data.outputs.weights: padded token rows need per-token weights, or the loss and metrics count the "
+            f"padding; set data.outputs.weights: {weights}"
         )
-    return shape
+
+
+def _trained_metrics(config: Config, history: dict[str, list[float]]) -> list[str]:
+    """The last epoch's training metrics metrics.json reports: loss and the task's own."""
+    if config.train.task == "language_model":
+        return ["loss", "token_accuracy", "perplexity", *(["bits_per_byte"] if "bits_per_byte" in history else [])]
+    return ["loss", "accuracy"]
 
 
 class Preempted(SystemExit):
@@ -136,8 +180,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
 
     train_data = _training_data(config)
     target = "tpu" if cluster.kind == "tpu" else "cpu"
-    train_pipeline = Pipeline.from_config(train_data, target=target, num_classes=config.train.num_classes)
-    input_shape = _element_shape(train_pipeline)
+    train_pipeline = Pipeline.from_config(train_data, target=target, num_classes=config.train.num_classes,
+                                          vocab=config_vocabulary(config))
+    input_shape = _element_shape(train_pipeline, config.train.task)
     steps = config.train.steps_per_epoch or full_batches(train_pipeline, config.data.batch_size, "data", "train.steps_per_epoch")
     epochs = config.train.epochs
     meter = InputWaitMeter()
@@ -165,15 +210,17 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     eval_dataset, validation_steps, eval_pipeline = None, None, None
     if config.eval_data is not None:
         eval_pipeline = Pipeline.from_config(config.eval_data, target=target, prefix="eval_data",
-                                             num_classes=config.train.num_classes)
+                                             num_classes=config.train.num_classes, vocab=config_vocabulary(config))
         # Exact: every example of one pass once, the last batch padded with zero-weight examples.
         eval_pipeline = eval_pipeline.for_evaluation()
         eval_dataset = eval_pipeline.distribute(cluster.strategy)
         validation_steps = config.train.eval_steps or eval_pipeline.evaluation_steps(cluster.num_replicas, cluster.num_hosts)
 
+    language_model = config.train.task == "language_model"
     model = build_model(
         config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=input_shape,
         num_classes=num_classes(config, train_pipeline), steps_per_epoch=steps, epochs=epochs, model_fn=model_fn,
+        task=config.train.task, byte_offset=train_pipeline.source.info().byte_offset if language_model else None,
     )
     state = TrainState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json,
@@ -207,7 +254,8 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                      f"data epoch {data_epoch + 1}" + (f": {again:,} examples of it come again" if again else ""))
         printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {where}")
 
-    progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs)
+    progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs,
+                              tokens=tokens)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
     with PreemptionFlag(agreement) as preemption:
         checkpointer = Checkpointer(files, state, steps, config.train.checkpoint_every_steps,
@@ -260,11 +308,11 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         "steps_per_epoch": steps,
         "global_batch_size": config.data.batch_size,
         "resumed_from_step": resumed_from,
-        "loss": history["loss"][-1] if history.get("loss") else None,
-        "accuracy": history["accuracy"][-1] if history.get("accuracy") else None,
+        **{name: history[name][-1] if history.get(name) else None for name in _trained_metrics(config, history)},
         "examples_per_sec": progress.examples_per_second(),
+        **({"tokens_per_sec": progress.tokens_per_second(), "non_padding_fraction": tokens.fraction()}
+           if tokens is not None else {}),
         "input_wait_fraction": progress.input_wait_fraction(),
-        **({"non_padding_fraction": tokens.fraction()} if tokens is not None else {}),
         "train_seconds": train_seconds,
         "cluster": {"kind": cluster.kind, "replicas": cluster.num_replicas, "hosts": cluster.num_hosts},
         "history": history,
@@ -281,7 +329,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         except _DATA_ERRORS as error:
             raise _explained(config, error) from None
         metrics["eval_loss"] = float(evaluation["cross_entropy"])  # Keras's "loss" would count the padding
-        metrics["eval_accuracy"] = float(evaluation["accuracy"])
+        for name, value in evaluation.items():
+            if name not in ("loss", "cross_entropy"):
+                metrics[f"eval_{name}"] = float(value)
         metrics["eval_examples"] = None if config.train.eval_steps else eval_pipeline.source.count_examples()
     files.write_metrics(metrics)
     printer("final: " + ", ".join(
@@ -293,6 +343,29 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             where.append(f"TensorBoard logs {os.path.join(run_dir, 'tensorboard')} (tensorboard --logdir {run_dir})")
         printer("wrote " + "; ".join(where))
     return metrics
+
+
+def load_model(config: Config, *, cluster: Optional[ClusterInfo] = None,
+               model_fn: Optional[Callable[..., Any]] = None) -> Any:
+    """The model `train` built for this config, with the weights of the newest checkpoint in train.run_dir
+    (to evaluate it, sample from it or export it); a ConfigError when the run has no checkpoint yet."""
+    if config.data is None:
+        raise ConfigError("the config has no 'data' section: the model's inputs are read from it")
+    cluster = cluster or resolve(config.cluster)
+    pipeline = Pipeline.from_config(_training_data(config), target="tpu" if cluster.kind == "tpu" else "cpu",
+                                    num_classes=config.train.num_classes)
+    language_model = config.train.task == "language_model"
+    model = build_model(
+        config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=_element_shape(pipeline, config.train.task),
+        num_classes=num_classes(config, pipeline), steps_per_epoch=config.train.steps_per_epoch or 1,
+        epochs=config.train.epochs, model_fn=model_fn, task=config.train.task,
+        byte_offset=pipeline.source.info().byte_offset if language_model else None,
+    )
+    latest = tf.train.latest_checkpoint(os.path.join(config.train.run_dir, "checkpoints"))
+    if latest is None:
+        raise ConfigError(f"train.run_dir={config.train.run_dir!r} has no checkpoint yet; run tpu-pipeline train first")
+    tf.train.Checkpoint(model=model).restore(latest).expect_partial()  # the weights; not the optimizer or data
+    return model
 
 
 class WindowedPosition(tf.Module):
@@ -346,7 +419,7 @@ def _explained(config: Config, error: Exception) -> Exception:
         data = getattr(config, prefix)
         if data is None:
             continue
-        named = named_data_error(error, data, prefix, config.train.num_classes)
+        named = named_data_error(error, data, prefix, config.train.num_classes, vocab=config_vocabulary(config))
         if named is not None:
             return named
     return error
