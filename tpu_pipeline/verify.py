@@ -2,7 +2,9 @@
 
 The files come from the config's source (a glob or a converted dataset's metadata.json, with its
 record counts and class names); each file is checked by `pipeline.record_check.FileChecker`, in parallel
-(one thread per file, up to the host's cores: TF ops and CRCs release the GIL).
+(one thread per file, up to the host's cores: TF ops and CRCs release the GIL). Token ids are checked
+against each file's dataset's tokenizer (metadata.json), else the vocabulary `vocab` of the whole config
+(`config_vocabulary`); the report says once which, or that none is known.
 """
 from __future__ import annotations
 
@@ -16,17 +18,19 @@ from tqdm import tqdm
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.data_errors import checked_files, first_fault
-from tpu_pipeline.pipeline.record_check import Report
+from tpu_pipeline.pipeline.record_check import Report, Vocabulary, config_vocabulary
 
-__all__ = ["first_fault", "verify_data"]  # first_fault lives in pipeline.data_errors (every reader names faults)
+# first_fault lives in pipeline.data_errors (every reader names faults), config_vocabulary in record_check
+__all__ = ["config_vocabulary", "first_fault", "verify_data"]
 
 
 def verify_data(config: DataConfig, prefix: str = "data", num_classes: Optional[int] = None,
-                progress: bool = True, workers: Optional[int] = None) -> Report:
+                progress: bool = True, workers: Optional[int] = None, vocab: Optional[Vocabulary] = None) -> Report:
     """Checks every record of `config`'s TFRecord source; returns the faults (it raises only for a
     config that cannot be checked at all)."""
-    checker, files, compression, expected = checked_files(config, prefix, num_classes)
-    report = Report(prefix, files=len(files))
+    checker, files, compression, expected = checked_files(config, prefix, num_classes, vocab=vocab)
+    note = checker.vocabulary_note(files)
+    report = Report(prefix, files=len(files), notes=[note] if note else [])
     total = sum(c for c in expected if c is not None) or None
     lock = threading.Lock()
     with tqdm(total=total, desc=f"verify {prefix}", unit=" records", disable=not progress, file=sys.stderr,

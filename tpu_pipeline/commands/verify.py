@@ -1,7 +1,8 @@
 """`tpu-pipeline verify --config FILE [--json report.json] [key=value ...]`.
 
 Reads every record of the config's `data` and `eval_data` sources once and prints a table of
-faults by kind and file; exits 1 when it finds any, so a script can refuse to start training.
+faults by kind and file (token ids against the dataset's tokenizer, else model.transformer.vocab_size);
+exits 1 when it finds any, so a script can refuse to start training.
 """
 from __future__ import annotations
 
@@ -19,14 +20,15 @@ FLAGS = flags.FLAGS
 
 
 def run(overrides: Sequence[str]) -> int:
-    from tpu_pipeline.verify import verify_data
+    from tpu_pipeline.verify import config_vocabulary, verify_data
 
     config = load(overrides)
     reports = []
     for section in ("data", "eval_data"):
         data = getattr(config, section)
         if data is not None:
-            report = verify_data(data, section, num_classes=config.train.num_classes, workers=FLAGS.workers)
+            report = verify_data(data, section, num_classes=config.train.num_classes, workers=FLAGS.workers,
+                                 vocab=config_vocabulary(config))
             print(report.table())
             reports.append(report)
     if FLAGS.json:

@@ -3,9 +3,9 @@
 tf.data's `ignore_errors` drops elements but counts nothing, loses a whole batch for one bad
 record in batch-then-parse mode, and cannot read past a bad CRC. So skipping happens before the
 pipeline instead: the files are checked once with `verify`'s checks (framing, CRCs, the feature
-spec, labels, the deterministic ops), the result is cached per file contents (path, size, mtime)
-and config, and each damaged file is replaced by a copy holding exactly its good records. The
-pipeline then reads clean files with exact counts, so:
+spec, labels, token ids against their vocabulary and empty documents, the deterministic ops), the
+result is cached per file contents (path, size, mtime) and config, and each damaged file is replaced
+by a copy holding exactly its good records. The pipeline then reads clean files with exact counts, so:
 
 - clean data costs nothing after the first check (the pipeline is the same as with `raise`);
 - every bad record, or the unreadable rest of a file, is left out, counted by kind and file, and
@@ -30,11 +30,12 @@ from absl import logging
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import DataError
-from tpu_pipeline.pipeline.record_check import TAIL_KINDS, Fault, FileChecker, count_by_kind
+from tpu_pipeline.pipeline.record_check import (TAIL_KINDS, Fault, FileChecker, Vocabulary, count_by_kind,
+                                                dataset_vocabularies)
 from tpu_pipeline.pipeline.record_scan import Record, scan_records
 from tpu_pipeline.system import available_cores, default_cache_dir
 
-VERSION = 1
+VERSION = 2  # 2: token features checked (vocabulary, empty documents)
 LOGGED_FAULTS = 20  # each fault is logged once, up to this many lines; the rest are counted
 
 
@@ -121,7 +122,7 @@ def _check_file(checker: FileChecker, path: str, compression: str, expected: Opt
 
 
 def _cache_key(config: DataConfig, files: Sequence[str], compression: str, features: Mapping[str, Any],
-               num_classes: Optional[int], expected: Sequence[Optional[int]]) -> str:
+               num_classes: Optional[int], expected: Sequence[Optional[int]], checker: FileChecker) -> str:
     stamps = []
     for path in files:
         stat = tf.io.gfile.stat(path)
@@ -129,6 +130,7 @@ def _cache_key(config: DataConfig, files: Sequence[str], compression: str, featu
     key = {"version": VERSION, "files": stamps, "compression": compression, "expected": list(expected),
            "features": {k: v.model_dump() for k, v in features.items()},
            "preprocess": [op.model_dump() for op in config.preprocess], "num_classes": num_classes,
+           "vocab_sizes": [getattr(checker.vocabulary(path), "size", None) for path in files],
            "outputs": config.outputs.model_dump() if config.outputs is not None else None}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -154,15 +156,17 @@ def _save(path: str, results: Sequence[FileResult]) -> None:
 
 def check_files(config: DataConfig, section: str, files: Sequence[str], compression: str,
                 features: Mapping[str, Any], expected: Sequence[Optional[int]],
-                num_classes: Optional[int] = None) -> SkipReport:
-    """Every file checked once (or the cached result for the same contents and config)."""
+                num_classes: Optional[int] = None, vocab: Optional[Vocabulary] = None) -> SkipReport:
+    """Every file checked once (or the cached result for the same contents and config). `vocab`: the
+    whole config's token vocabulary, for files whose dataset's metadata.json has none."""
     root = os.path.join(default_cache_dir(), "verified")
-    cached = os.path.join(root, f"{_cache_key(config, files, compression, features, num_classes, expected)}.json")
+    checker = FileChecker(config, section, dict(features), num_classes, vocab, dataset_vocabularies(files))
+    key = _cache_key(config, files, compression, features, num_classes, expected, checker)
+    cached = os.path.join(root, f"{key}.json")
     results = _load(cached)
     if results is None:
         logging.info("%s.on_error=skip: checking every record of %d file(s) once (cached in %s for these files and this "
                      "config)", section, len(files), cached)
-        checker = FileChecker(config, section, dict(features), num_classes)
         repaired = os.path.join(root, "repaired")
         with concurrent.futures.ThreadPoolExecutor(max_workers=available_cores()) as pool:
             results = tuple(pool.map(lambda args: _check_file(checker, args[0], compression, args[1], repaired),

@@ -1,8 +1,9 @@
 """Naming the file and record behind TensorFlow's anonymous data errors: one line, whoever reads the data.
 
 With `data.on_error: raise`, a damaged record reaches TF's reader or ops at run time, and TF says
-`jpeg::Uncompress failed ... [[{{node DecodeJpeg}}]]` or `corrupted record at 1234`: no file, no
-record. The fast path stays as it is; the error path pays for the diagnosis: on one of `DATA_ERRORS`
+`jpeg::Uncompress failed ... [[{{node DecodeJpeg}}]]`, `corrupted record at 1234` or, for a token id
+past the vocabulary, `indices[3,7] = 300 is not in [0, 259)`: no file, no record. The fast path
+stays as it is; the error path pays for the diagnosis: on one of `DATA_ERRORS`
 the source's files are scanned in parallel with `verify`'s checks (`record_check.FileChecker`),
 stopping at the first fault, and the error becomes one `DataError` line naming the file, the
 record and the fix. When the scan finds nothing (the error was not the data's, or the source is
@@ -24,7 +25,7 @@ import tensorflow as tf
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import DataError, TpuPipelineError
 from tpu_pipeline.pipeline.plan import make_plan
-from tpu_pipeline.pipeline.record_check import Fault, FileChecker, tf_message
+from tpu_pipeline.pipeline.record_check import Fault, FileChecker, Vocabulary, dataset_vocabularies, tf_message
 from tpu_pipeline.pipeline.source import RecordFileSource
 
 if TYPE_CHECKING:
@@ -36,9 +37,11 @@ DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.error
 
 
 def checked_files(config: DataConfig, prefix: str = "data", num_classes: Optional[int] = None,
-                  source: Optional["Source"] = None) -> tuple[FileChecker, list[str], str, list[Optional[int]]]:
+                  source: Optional["Source"] = None, vocab: Optional[Vocabulary] = None
+                  ) -> tuple[FileChecker, list[str], str, list[Optional[int]]]:
     """(the checker, the files, their compression, records per file where metadata.json lists them)
-    of `source` (default: the config's own); a DataError when it is not TFRecord files."""
+    of `source` (default: the config's own); a DataError when it is not TFRecord files. `vocab`: the
+    whole config's token vocabulary (`record_check.config_vocabulary`), for files whose dataset has none."""
     if source is None:
         from tpu_pipeline.pipeline.builder import source_from_config  # the builder imports this module
 
@@ -50,17 +53,18 @@ def checked_files(config: DataConfig, prefix: str = "data", num_classes: Optiona
     files_source = source.files_source()
     if num_classes is None:
         num_classes = source.info().num_classes  # a converted dataset's class names
-    checker = FileChecker(config, prefix, plan.features.value or {}, num_classes)
-    return checker, files_source.tfrecord_files(), files_source.compression, files_source.listed_counts()
+    files = files_source.tfrecord_files()
+    checker = FileChecker(config, prefix, plan.features.value or {}, num_classes, vocab, dataset_vocabularies(files))
+    return checker, files, files_source.compression, files_source.listed_counts()
 
 
 def first_fault(config: DataConfig, prefix: str = "data", num_classes: Optional[int] = None,
                 budget_seconds: float = 120.0, workers: Optional[int] = None,
-                source: Optional["Source"] = None) -> Optional[Fault]:
+                source: Optional["Source"] = None, vocab: Optional[Vocabulary] = None) -> Optional[Fault]:
     """A fault of the source, found by scanning its files in parallel for at most `budget_seconds`
     (the earliest file's, among those found); None when none was found in time. For turning a bare
     TF error into a line that names the file and record."""
-    checker, files, compression, expected = checked_files(config, prefix, num_classes, source)
+    checker, files, compression, expected = checked_files(config, prefix, num_classes, source, vocab)
     stop = threading.Event()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2)
     futures = [pool.submit(checker.check_file, path, compression, count, first_only=True, stop=stop)
@@ -81,12 +85,13 @@ def first_fault(config: DataConfig, prefix: str = "data", num_classes: Optional[
 
 
 def named_data_error(error: BaseException, config: DataConfig, prefix: str = "data",
-                     num_classes: Optional[int] = None, source: Optional["Source"] = None) -> Optional[DataError]:
+                     num_classes: Optional[int] = None, source: Optional["Source"] = None,
+                     vocab: Optional[Vocabulary] = None) -> Optional[DataError]:
     """The one-line DataError for TF's `error`: the first fault of the source (file, record, what is
     wrong, the fix), what TF said, and how to list every fault; None when the scan finds no fault
     or cannot scan this source."""
     try:
-        fault = first_fault(config, prefix, num_classes, source=source)
+        fault = first_fault(config, prefix, num_classes, source=source, vocab=vocab)
     except TpuPipelineError:
         return None
     if fault is None:
@@ -101,8 +106,9 @@ class NamingDataErrors:
     the scan does not find, passes unchanged. `config=None`: nothing to scan, nothing changes."""
 
     def __init__(self, config: Optional[DataConfig], prefix: str = "data", num_classes: Optional[int] = None,
-                 source: Optional["Source"] = None) -> None:
+                 source: Optional["Source"] = None, vocab: Optional[Vocabulary] = None) -> None:
         self._config, self._prefix, self._num_classes, self._source = config, prefix, num_classes, source
+        self._vocab = vocab
 
     def __enter__(self) -> "NamingDataErrors":
         return self
@@ -110,7 +116,7 @@ class NamingDataErrors:
     def __exit__(self, kind: Any, error: Optional[BaseException], traceback: Any) -> bool:
         if error is None or self._config is None or not isinstance(error, DATA_ERRORS):
             return False
-        named = named_data_error(error, self._config, self._prefix, self._num_classes, self._source)
+        named = named_data_error(error, self._config, self._prefix, self._num_classes, self._source, self._vocab)
         if named is None:
             return False  # the original error goes on
         # TF's error stays the context (not shown), without its frames: they hold the failed iterators

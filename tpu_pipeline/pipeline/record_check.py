@@ -3,22 +3,29 @@ and what `train` runs to name the file and record behind a data error.
 
 Per record: framing and both CRCs (`pipeline.record_scan`, which goes on after a bad data CRC), the record
 against the feature spec (`format.example_check`, the same check the pipeline makes on one record
-at build time), the label against the class count where it is known, and the deterministic
+at build time), the label against the class count where it is known, token features (integer ids
+of kind ragged or sequence) against their vocabulary and for emptiness, and the deterministic
 preprocessing ops one by one (so a failure names its op: a JPEG that does not decode). Per file:
 its record count against metadata.json. Random ops are left out: they are not the data's fault.
+
+The vocabulary of a file's token ids is its dataset's (the tokenizer in the metadata.json beside it,
+which lists it), else the config's (`config_vocabulary`); with none known, only negative ids are faults.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import re
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.format.example_check import context_features, misfit, parse_record
+from tpu_pipeline.format.example_check import (Record as Proto, context_features, is_token_feature, misfit,
+                                                parse_record, token_ids)
+from tpu_pipeline.format.metadata import read_metadata
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.record_scan import FramingFault, Record, scan_records
@@ -33,7 +40,12 @@ FIXES = {
     "label_out_of_range": "fix the label, or set train.num_classes to the real number of classes",
     "count_mismatch": "the file differs from what metadata.json lists: convert the dataset again, or restore the file",
     "empty_file": "the file holds no record: remove it from the glob, or write it again",
+    "empty_document": "leave empty texts out when converting (data.on_error: skip leaves them out), or set "
+                      "default: [] on the feature if empty documents are meant",
+    "token_out_of_vocab": "token ids are 0..vocab_size-1 (a -1 is often padding written into the record): convert "
+                      "again with the right tokenizer, without padding",
 }
+METADATA_TOKENIZER = "metadata.json tokenizer"
 
 
 TAIL_KINDS = ("truncated", "bad_length_crc", "unreadable")  # nothing after these can be read
@@ -56,6 +68,70 @@ class Fault:
         return f"{where}: {self.what}; {self.fix}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+    """The bound of token ids (0..size-1) and the key it comes from, which the fix of a fault names."""
+
+    size: int
+    origin: str = "vocab given"  # METADATA_TOKENIZER, 'model.transformer.vocab_size', 'train.num_classes'
+
+    def fix(self) -> str:
+        if self.origin == METADATA_TOKENIZER:
+            return (f"the ids do not come from this dataset's tokenizer (its metadata.json says vocab_size "
+                    f"{self.size}): convert again with the right tokenizer")
+        if self.origin == "train.num_classes":
+            return ("convert again with the right tokenizer, or set model.transformer.vocab_size to its vocabulary "
+                    "size (train.num_classes stands for it only when unset)")
+        if self.origin == "model.transformer.vocab_size":
+            return "convert again with the right tokenizer, or set model.transformer.vocab_size to its vocabulary size"
+        return "convert again with the right tokenizer, or give its vocabulary size"
+
+
+def config_vocabulary(config: Any) -> Optional[Vocabulary]:
+    """A whole config's token vocabulary: model.transformer.vocab_size, else train.num_classes when
+    train.task is language_model (the next token is the class); None when neither says."""
+    transformer = getattr(getattr(config, "model", None), "transformer", None)
+    if getattr(transformer, "vocab_size", None):
+        return Vocabulary(transformer.vocab_size, "model.transformer.vocab_size")
+    train = getattr(config, "train", None)
+    if getattr(train, "task", None) == "language_model" and getattr(train, "num_classes", None):
+        return Vocabulary(train.num_classes, "train.num_classes")
+    return None
+
+
+def tokenizer_vocabulary(metadata: Optional[Mapping[str, Any]]) -> Optional[Vocabulary]:
+    """metadata.json's `tokenizer.vocab_size` (what `convert --from text` writes); None when absent."""
+    tokenizer = (metadata or {}).get("tokenizer")
+    size = tokenizer.get("vocab_size") if isinstance(tokenizer, Mapping) else None
+    return Vocabulary(size, METADATA_TOKENIZER) if isinstance(size, int) and size > 0 else None
+
+
+def _listed_files(metadata: Optional[Mapping[str, Any]]) -> set[str]:
+    splits = (metadata or {}).get("splits") or {}
+    return {name for entry in splits.values() if isinstance(entry, Mapping) for name in entry.get("files") or []}
+
+
+def _read_metadata(directory: str) -> Optional[dict[str, Any]]:
+    try:
+        return read_metadata(directory)
+    except (OSError, ValueError, tf.errors.OpError):
+        return None  # not a converted dataset's metadata: no vocabulary from it
+
+
+def dataset_vocabularies(files: Sequence[str]) -> dict[str, Optional[Vocabulary]]:
+    """Each file's vocabulary from the metadata.json beside it, when that metadata lists the file
+    (a glob over a converted dataset's shards included); None where none says."""
+    by_dir: dict[str, Optional[dict[str, Any]]] = {}
+    found: dict[str, Optional[Vocabulary]] = {}
+    for path in files:
+        directory, name = os.path.split(path)
+        if directory not in by_dir:
+            by_dir[directory] = _read_metadata(directory)
+        metadata = by_dir[directory]
+        found[path] = tokenizer_vocabulary(metadata) if name in _listed_files(metadata) else None
+    return found
+
+
 def count_by_kind(faults: Sequence[Fault]) -> dict[str, int]:
     """Faults per kind, kinds in name order (for tables and metrics.json)."""
     return dict(sorted(collections.Counter(fault.kind for fault in faults).items()))
@@ -67,20 +143,23 @@ class Report:
     files: int = 0
     records: int = 0  # records framed (read), good or bad
     faults: list[Fault] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what was (not) checked, said once
 
     def by_kind(self) -> dict[str, int]:
         return count_by_kind(self.faults)
 
     def as_dict(self) -> dict[str, Any]:
         return {"section": self.section, "files": self.files, "records": self.records, "faults_by_kind": self.by_kind(),
-                "faults": [dataclasses.asdict(f) for f in self.faults]}
+                "faults": [dataclasses.asdict(f) for f in self.faults], "notes": list(self.notes)}
 
     def table(self, limit: int = 40) -> str:
         head = f"{self.section}: {self.records:,} records in {self.files} file(s): "
+        notes = [f"{self.section}: {note}" for note in self.notes]
         if not self.faults:
-            return head + "no fault found"
+            return "\n".join([head + "no fault found", *notes])
         kinds = ", ".join(f"{kind} {count}" for kind, count in self.by_kind().items())
-        lines = [head + f"{len(self.faults)} fault(s) ({kinds})", "file | record | offset | what is wrong | fix"]
+        lines = [head + f"{len(self.faults)} fault(s) ({kinds})", *notes,
+                 "file | record | offset | what is wrong | fix"]
         for fault in self.faults[:limit]:
             record = "-" if fault.record is None else str(fault.record)
             offset = "-" if fault.offset is None else f"{fault.offset:,}"
@@ -119,8 +198,15 @@ def tf_message(error: BaseException, limit: int = 200, marks: Sequence[str] = _D
 class FileChecker:
     """Everything about one config that checking a record needs, built once and shared by threads."""
 
-    def __init__(self, config: DataConfig, prefix: str, features: dict[str, Any], num_classes: Optional[int]) -> None:
+    def __init__(self, config: DataConfig, prefix: str, features: dict[str, Any], num_classes: Optional[int],
+                 vocab: Optional[Vocabulary] = None, vocabularies: Optional[Mapping[str, Optional[Vocabulary]]] = None
+                 ) -> None:
+        """`vocab`: the config's (`config_vocabulary`); `vocabularies`: each file's own, from its dataset's
+        metadata.json (`dataset_vocabularies`), which comes first."""
         self.features = features
+        self.tokens = {name: feature for name, feature in features.items() if is_token_feature(feature)}
+        self.vocab = vocab
+        self.vocabularies = dict(vocabularies or {})
         self.parse = make_parser(features)  # what the pipeline runs, SequenceExamples and int32 ids included
         fns, random = build_ops(config.preprocess, f"{prefix}.preprocess")
         self.ops = [(f"{prefix}.preprocess[{i}] ({op.op})", fn)
@@ -128,12 +214,57 @@ class FileChecker:
         self.label_key = label_key(config, features)
         self.num_classes = num_classes
 
+    def vocabulary(self, path: str) -> Optional[Vocabulary]:
+        """The bound of `path`'s token ids: its dataset's tokenizer, else the config's; None when unknown."""
+        return self.vocabularies.get(path) or self.vocab
+
+    def vocabulary_note(self, files: Sequence[str]) -> Optional[str]:
+        """What verify says once about token ids: the vocabulary they were checked against, or that none is known."""
+        if not self.tokens:
+            return None
+        keys = ", ".join(repr(name) for name in self.tokens)
+        known = sorted({(v.size, v.origin) for v in map(self.vocabulary, files) if v is not None})
+        said = ", ".join(f"vocab_size {size} ({origin})" for size, origin in known)
+        unknown = sum(self.vocabulary(path) is None for path in files)
+        if not unknown:
+            return f"token ids of {keys} checked against {said}"
+        where = f"in {unknown} of {len(files)} file(s) (the others against {said})" if known else ""
+        return (f"token ids of {keys} not checked against a vocabulary{where and ' ' + where}: none is known (set "
+                "model.transformer.vocab_size, or convert with a tokenizer that metadata.json records); negative "
+                "ids and empty documents are checked")
+
+    def token_fault(self, path: str, record: Record, example: Proto) -> Optional[Fault]:
+        """The first token feature that is empty or holds an id outside 0..vocab_size-1 (misfit checked dtypes)."""
+        vocab = self.vocabulary(path)
+        for name, feature in self.tokens.items():
+            ids = token_ids(example, name, feature)
+            if ids is None:
+                continue  # absent, and its default [] allows it (else misfit named it)
+            if not ids.size:
+                if feature.default is None:  # default: [] says empty sequences are meant
+                    return Fault(path, record.index, record.offset, "empty_document",
+                                 f"feature {name!r} holds no token id (an empty document)", FIXES["empty_document"])
+                continue
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0:
+                return Fault(path, record.index, record.offset, "token_out_of_vocab",
+                             f"token id {low} at position {int(ids.argmin())} of feature {name!r} < 0",
+                             FIXES["token_out_of_vocab"])
+            if vocab is not None and high >= vocab.size:
+                return Fault(path, record.index, record.offset, "token_out_of_vocab",
+                             f"token id {high} at position {int(ids.argmax())} of feature {name!r} >= vocab_size "
+                             f"{vocab.size} ({vocab.origin})", vocab.fix())
+        return None
+
     def record_fault(self, path: str, record: Record) -> Optional[Fault]:
         example = parse_record(record.data, self.features)  # an Example, or a SequenceExample when the spec says so
         found = misfit(example if example is not None else record.data, self.features)
         if found is not None:
             what = found.what if found.key is None or found.kind == "missing_feature" else f"feature {found.key!r} {found.what}"
             return Fault(path, record.index, record.offset, found.kind, what, found.fix)
+        token = self.token_fault(path, record, example) if self.tokens else None
+        if token is not None:
+            return token
         if self.label_key and self.num_classes:
             stored = context_features(example)
             values = stored[self.label_key].int64_list.value if self.label_key in stored else []
