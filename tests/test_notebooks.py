@@ -51,8 +51,20 @@ def test_pipeline_tuning_runs_the_doctor_and_shows_the_chart(tmp_path, monkeypat
     assert text.count("ceiling (a) compute-bound") == 2
 
 
+def test_text_lm_converts_trains_and_samples(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_PIPELINE_NOTEBOOK_QUICK", "1")
+    notebook = execute("text_lm.ipynb", tmp_path)
+    text, _ = outputs(notebook)
+    assert "400 documents" in text and "'type': 'bytes'" in text
+    assert "'inputs_segment_ids': (16, 256)" in text and "(16, 256) (16, 256)" in text
+    assert "'steps': 4" in text and "eval_bits_per_byte" in text and "tokens_per_sec" in text
+    samples = [line for line in text.splitlines() if line.startswith(("'The ", "'A list ", "'def "))]
+    assert len(samples) == 3, text[-3000:]
+    assert (tmp_path / "data" / "corpus" / "metadata.json").exists()
+
+
 def test_each_notebook_installs_the_package_by_name_in_a_cell_the_suite_skips():
-    for name in ("quickstart.ipynb", "pipeline_tuning.ipynb"):
+    for name in ("quickstart.ipynb", "pipeline_tuning.ipynb", "text_lm.ipynb"):
         notebook = nbformat.read(os.path.join(REPO, "notebooks", name), as_version=4)
         install = [cell for cell in notebook.cells if cell.cell_type == "code" and "PACKAGE_SPEC" in cell.source]
         assert len(install) == 1, name
