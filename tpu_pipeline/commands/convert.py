@@ -128,9 +128,9 @@ def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, a
     for split, entry in metadata["splits"].items():
         megabytes = sum(entry["bytes"]) / 2**20
         if "num_documents" in entry:
-            lines.append(f"  {split}: {entry['num_documents']} documents, {entry['num_tokens']} tokens in "
-                         f"{len(entry['files'])} shard(s), {megabytes:.1f} MB; {entry['num_empty']} empty document(s) "
-                         "counted, not written")
+            empty = f"; {entry['num_empty']:,} empty document(s) counted, not written" if entry.get("num_empty") else ""
+            lines.append(f"  {split}: {entry['num_documents']:,} documents, {entry['num_tokens']:,} tokens in "
+                         f"{len(entry['files'])} shard(s), {megabytes:.1f} MB{empty}")
         else:
             lines.append(f"  {split}: {entry['num_examples']} examples in {len(entry['files'])} shard(s), {megabytes:.1f} MB")
         if entry.get("num_skipped"):

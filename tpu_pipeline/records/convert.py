@@ -171,7 +171,7 @@ def _convert_locked(source: ConvertSource, out_dir: str, options: ConvertOptions
     written = 0
     workers = options.num_workers()
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="convert")
-    bar = tqdm(total=total, desc=f"convert {source.kind}", unit=" examples", disable=not options.progress,
+    bar = tqdm(total=total, desc=f"convert {source.kind}", unit=" documents" if source.kind == "text" else " examples", disable=not options.progress,
                file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
     try:
         for split, entry in plan["splits"].items():
