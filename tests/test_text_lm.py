@@ -169,6 +169,7 @@ def test_train_killed_and_resumed_trains_on_the_same_documents_as_an_uninterrupt
         raw = lm_config(data_dir, str(tmp_path / f"run_{name}"), length=128, epochs=3, steps=7, eval_data=False,
                         checkpoint_every_steps=2, max_checkpoints=2)
         raw["cluster"] = {"cpu_replicas": 2}  # a process of its own: fewer replicas trace faster
+        raw["model"]["steps_per_execution"] = 2  # steps run two at a time: positions still per step
         config_path = os.path.join(out_dir, "config.json")
         json.dump(raw, open(config_path, "w"))
         command = [sys.executable, child, "train_lm", config_path, out_dir]
@@ -177,6 +178,9 @@ def test_train_killed_and_resumed_trains_on_the_same_documents_as_an_uninterrupt
             for kill in range(3):
                 result = interrupt(command, out_dir, max_step(out_dir) + rng.randint(2, 4), signal.SIGKILL)
                 assert result.returncode == -signal.SIGKILL, f"kill {kill}:\n{result.stdout[-3000:]}"
+            # SIGTERM, as a preempted TPU VM gets: a checkpoint at the next step, exit 143
+            result = interrupt(command, out_dir, max_step(out_dir) + 1, signal.SIGTERM)
+            assert result.returncode == 143 and "stopped by SIGTERM at step" in result.stdout, result.stdout[-3000:]
         final = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
         if name == "killed":
