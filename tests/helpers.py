@@ -89,3 +89,27 @@ def plan_of(config):
     from tpu_pipeline.pipeline import Pipeline
 
     return Pipeline.from_config(config).plan
+
+
+def kill_convert_after_shards(args: list[str], out, log_path, shards: int = 3) -> None:
+    """Runs `tpu-pipeline convert ARGS` (each shard slowed down) and SIGKILLs it once `shards` shards are
+    finished: no cleanup code runs, as on a preempted VM."""
+    import subprocess
+    import sys
+    import time
+
+    from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "tpu_pipeline.cli", "convert", *args], cwd=repo,
+                                   env={**os.environ, SHARD_DELAY_ENV: "0.4"}, stdout=log, stderr=log)
+        state = out / STATE_DIR
+        deadline = time.time() + 120
+        while time.time() < deadline and process.poll() is None:
+            if state.is_dir() and len(list(state.glob("*.tfrecord.json"))) >= shards:
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, "the conversion ended before it could be interrupted"
+        process.kill()
+        process.wait()

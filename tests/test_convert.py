@@ -9,7 +9,6 @@ import csv
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,9 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.pipeline import Pipeline, make_parser, source_from_config
 from tpu_pipeline.format import dir_features
 from tpu_pipeline.records import ConvertOptions, convert, read_metadata
-from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
+from tpu_pipeline.records.convert import STATE_DIR
+
+from helpers import kill_convert_after_shards
 from tpu_pipeline.records.csv_source import CsvSource
 from tpu_pipeline.records.image_folder import ImageFolderSource
 from tpu_pipeline.records.numpy_source import NumpySource
@@ -168,19 +169,8 @@ def test_killed_conversion_leaves_nothing_complete_and_a_rerun_finishes(tmp_path
     out = tmp_path / "out"
     args = ["--from", "image-folder", str(tmp_path / "images"), "--out", str(out), "--target_shard_mb", "0.001",
             "--min_shards", "1", "--workers", "2"]
-    log = open(tmp_path / "killed.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "tpu_pipeline.cli", "convert", *args], cwd=REPO,
-                               env={**os.environ, SHARD_DELAY_ENV: "0.4"}, stdout=log, stderr=log)
+    kill_convert_after_shards(args, out, tmp_path / "killed.log")
     state = out / STATE_DIR
-    deadline = time.time() + 120
-    while time.time() < deadline and process.poll() is None:
-        if state.is_dir() and len(list(state.glob("*.tfrecord.json"))) >= 3:
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "the conversion ended before it could be interrupted"
-    process.kill()  # SIGKILL: no cleanup code runs, as on a preempted VM
-    process.wait()
-    log.close()
     assert not (out / "metadata.json").exists()
     assert not list(out.glob("*.tfrecord*")), "an interrupted conversion must not leave shards under final names"
     finished = len(list(state.glob("*.tfrecord.json")))

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import tensorflow as tf
@@ -26,7 +25,9 @@ from tpu_pipeline.format import tokenizer as tokenizer_module
 from tpu_pipeline.ops import sequence as sequence_ops
 from tpu_pipeline.pipeline import source_from_config
 from tpu_pipeline.records import ConvertOptions, TextSource, convert, read_metadata
-from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
+from tpu_pipeline.records.convert import STATE_DIR
+
+from helpers import kill_convert_after_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = dict(progress=False, workers=2)
@@ -236,18 +237,8 @@ def test_killed_conversion_resumes(tmp_path):
     out = tmp_path / "out"
     args = ["--from", "text", str(tmp_path / "corpus"), "--out", str(out), "--target_shard_mb", "0.00001",
             "--min_shards", "1", "--workers", "2", "--noprogress"]
-    with open(tmp_path / "killed.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "tpu_pipeline.cli", "convert", *args], cwd=REPO,
-                                   env={**os.environ, SHARD_DELAY_ENV: "0.4"}, stdout=log, stderr=log)
-        state = out / STATE_DIR
-        deadline = time.time() + 120
-        while time.time() < deadline and process.poll() is None:
-            if state.is_dir() and len(list(state.glob("*.tfrecord.json"))) >= 3:
-                break
-            time.sleep(0.05)
-        assert process.poll() is None, "the conversion ended before it could be interrupted"
-        process.kill()
-        process.wait()
+    kill_convert_after_shards(args, out, tmp_path / "killed.log")
+    state = out / STATE_DIR
     assert not (out / "metadata.json").exists() and not list(out.glob("*.tfrecord*"))
     finished = len(list(state.glob("*.tfrecord.json")))
     result = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "convert", *args], cwd=REPO,

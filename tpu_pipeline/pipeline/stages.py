@@ -362,21 +362,6 @@ class SplitPosition:
 
     position: bool = False
 
-    def _weights(self, features: Features) -> tf.Tensor:
-        names = [self.weights] if isinstance(self.weights, str) else list(self.weights)
-        product = None
-        for name in names:
-            value = self._pick(features, name, "weights")
-            value = tf.cast(value, tf.float32) if value.dtype.is_floating else tf.cast(value != 0, tf.float32)
-            if product is not None:  # [B] times [B, L]: the example's weight on each of its tokens
-                while value.shape.rank < product.shape.rank:
-                    value = value[..., tf.newaxis]
-                while product.shape.rank < value.shape.rank:
-                    product = product[..., tf.newaxis]
-                value = product * value
-            product = value
-        return product
-
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         def fn(features: Features):
             features, position = split_position(features)
