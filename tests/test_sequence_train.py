@@ -56,9 +56,11 @@ def per_token_model(input_shape, num_classes):
 
 
 def saved_position(run_dir: str) -> tuple[int, int]:
+    """(window, in_window) of the one input pipeline: the checkpoint holds a vector, one entry per host."""
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(f"{run_dir}/checkpoints"))
-    return (int(reader.get_tensor("data/window/.ATTRIBUTES/VARIABLE_VALUE")),
-            int(reader.get_tensor("data/in_window/.ATTRIBUTES/VARIABLE_VALUE")))
+    window, in_window = (reader.get_tensor(f"data/{name}/.ATTRIBUTES/VARIABLE_VALUE") for name in ("window", "in_window"))
+    assert window.shape == in_window.shape == (1,), (window, in_window)
+    return int(window[0]), int(in_window[0])
 
 
 @pytest.mark.parametrize("mode", ["pack", "bucket"])

@@ -19,14 +19,14 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.cluster import ClusterInfo, resolve
-from tpu_pipeline.cluster.coordination import CoordinationService
+from tpu_pipeline.cluster.coordination import CoordinationService, KeyValueStore, StoreUnavailable
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ClusterError, ConfigError
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
-from tpu_pipeline.pipeline.efficiency import TokenMeter
+from tpu_pipeline.pipeline.efficiency import TokenMeter, sequence_keys
 from tpu_pipeline.pipeline.position_log import PositionLog
 from tpu_pipeline.pipeline.sequence import Bucket
 from tpu_pipeline.pipeline.stages import ToOutputs
@@ -40,6 +40,10 @@ from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_p
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.InternalError, tf.errors.AbortedError,
                 tf.errors.DeadlineExceededError, tf.errors.CancelledError)
 _RUN_KEYS = itertools.count()  # names this process's train() calls alike on every worker
+POSITION_KEY = "data"  # a windowed pipeline's input positions in the checkpoint (WindowedPosition)
+# How long a save waits for every worker's input position: all save the same step, so a step's skew
+# at most, unless a peer is gone.
+POSITION_WAIT_SECONDS = 120.0
 
 Printer = Callable[[str], None]
 
@@ -187,22 +191,22 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     epochs = config.train.epochs
     meter = InputWaitMeter()
 
-    tokens = None
-    if train_pipeline.plan is not None and train_pipeline.plan.sequence.value is not None:
-        # Counted where the masks and segment ids still are, before the outputs pick the model's keys.
-        tokens = TokenMeter()
-        at = next((i for i, stage in enumerate(train_pipeline.stages) if isinstance(stage, ToOutputs)),
-                  len(train_pipeline.stages))
-        train_pipeline = dataclasses.replace(
-            train_pipeline, stages=[*train_pipeline.stages[:at], tokens, *train_pipeline.stages[at:]])
+    train_pipeline, tokens = _with_token_meter(train_pipeline)
     windowed = train_pipeline.windowed
-    position = WindowedPosition(train_pipeline, cluster) if windowed is not None else None
+    # Through data.service no host sees the stream's windows (the service decides which worker makes
+    # which row), so there a windowed stream restarts as an image stream does, at a data epoch's start.
+    position = (WindowedPosition(train_pipeline, cluster, store, run_key)
+                if windowed is not None and train_pipeline.service is None else None)
+    resumed_from = 0
 
     def train_dataset(step: int) -> Any:
         """The distributed training stream from global step `step` on (its input position)."""
         if position is not None:
             return cluster.strategy.distribute_datasets_from_function(
                 lambda context: metered(position.stream(context, step), meter))
+        if windowed is not None and train_pipeline.service is not None:
+            return cluster.strategy.distribute_datasets_from_function(
+                lambda context: metered(_windowed_service_stream(train_pipeline, context, step - resumed_from), meter))
         return cluster.strategy.distribute_datasets_from_function(
             lambda context: metered(train_pipeline.build(context, start=step * train_pipeline.examples_per_step(context)), meter)
         )
@@ -224,14 +228,15 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     )
     state = TrainState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json,
-                                     **({"data": position} if position is not None else {}))
+                                     **({POSITION_KEY: position} if position is not None else {}))
     files = RunFiles(run_dir, cluster, checkpoint, config.train.max_checkpoints)
     latest = files.latest_checkpoint
     if store is not None:
         check_same_restore(store, cluster, run_key, latest)
-    resumed_from = 0
     total_steps = steps * epochs
     if latest:
+        if position is not None:
+            position.check_saved(latest)
         restored = checkpoint.restore(latest)
         resumed_from = int(model.optimizer.iterations.numpy())
         finished = read_metrics(run_dir) if resumed_from >= total_steps else None
@@ -248,6 +253,11 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         elif train_pipeline.service is None:
             where = (f"the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
                      "of the training stream")
+        elif windowed is not None:
+            where = (f"data.service cannot resume a data.sequence {train_pipeline.plan.sequence.value.mode} stream "
+                     "exactly (a step does not say how many examples its rows held), so the input starts a fresh "
+                     f"service job at the start of the data (data epoch 1): what the {resumed_from:,} step(s) "
+                     "before trained on comes again")
         else:
             data_epoch, again = train_pipeline.service_restart(resumed_from * config.data.batch_size)
             where = (f"data.service cannot resume exactly, so the input starts a fresh service job at the start of "
@@ -369,47 +379,153 @@ def load_model(config: Config, *, cluster: Optional[ClusterInfo] = None,
 
 
 class WindowedPosition(tf.Module):
-    """The input position of a windowed pipeline (data.sequence bucket or pack) in a checkpoint: the
-    window and the outputs of it delivered, as of the last saved step. `fit` consumes a dataset, so
-    what each element taken left the stream at is logged (`PositionLog`) and read back for the step
-    a save is at."""
+    """The input position of a windowed pipeline (data.sequence bucket or pack) in a checkpoint: for
+    each input pipeline (one per host), the window and the outputs of it delivered, as of the last
+    saved step (int64 vectors `window` and `in_window`, indexed by input pipeline). `fit` consumes a
+    dataset, so what each element taken left the stream at is logged (`PositionLog`) and read back for
+    the step a save is at.
 
-    def __init__(self, pipeline: Pipeline, cluster: ClusterInfo) -> None:
+    Each host's stream stops at a place of its own, and with several TF_CONFIG workers only the
+    chief's checkpoint is kept: so before each save (at the same step on every worker) each worker
+    publishes its own position in the cluster's key-value store and assigns everyone's, and the
+    kept checkpoint holds every host's place."""
+
+    def __init__(self, pipeline: Pipeline, cluster: ClusterInfo, store: Optional[KeyValueStore] = None,
+                 run_key: str = "run") -> None:
         super().__init__(name="data_position")
-        if cluster.num_workers > 1:
-            raise ConfigError(
-                f"data.sequence.mode={'bucket' if isinstance(pipeline.windowed, Bucket) else 'pack'}: each host's "
-                "stream stops at a place "
-                "of its own, which one chief checkpoint cannot hold yet; train on one host, or use mode: pad"
-            )
         self._pipeline = pipeline
         self._window_size = pipeline.windowed.window
-        self._replicas = cluster.num_replicas  # one input pipeline feeds every replica of this host
+        self._pipelines = cluster.num_hosts
+        # This process's input pipelines: its own on a TF_CONFIG worker; every host's on one client (a TPU pod slice).
+        self._local = [cluster.worker_id] if cluster.num_workers > 1 else list(range(cluster.num_hosts))
+        self._store = store if cluster.num_workers > 1 else None
+        self._key = f"tpu_pipeline/{run_key}/data_position"
         with tf.init_scope():
-            self.window = tf.Variable(0, dtype=tf.int64, trainable=False, name="window")
-            self.in_window = tf.Variable(0, dtype=tf.int64, trainable=False, name="in_window")
-        self._log = PositionLog()
+            self.window = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="window")
+            self.in_window = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="in_window")
+        self._logs = {index: PositionLog() for index in self._local}
+        self._per_step = {index: 1 for index in self._local}  # elements a pipeline delivers per step
         self._built_at_step = 0
 
+    def check_saved(self, path: str) -> None:
+        """Refuses a checkpoint that holds the positions of another number of input pipelines (hosts)."""
+        shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+        saved = shapes.get(f"{POSITION_KEY}/window/.ATTRIBUTES/VARIABLE_VALUE")
+        if saved is not None and list(saved) != [self._pipelines]:
+            held = f"{saved[0]} host(s)" if saved else "one host, in an older layout"
+            raise ConfigError(
+                f"train.run_dir: {path} holds the packed/bucketed input positions of {held}, and this run has "
+                f"{self._pipelines}; resume it on as many hosts, or start a new train.run_dir"
+            )
+
     def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
-        """The stream from the saved position (which is that of `step`), each element's position logged."""
-        self._log.reset()
+        """This input pipeline's stream from its saved position (that of `step`), each element's position logged."""
+        index = context.input_pipeline_id
+        if index not in self._logs:
+            self._logs[index] = PositionLog()
+        self._logs[index].reset()
+        self._per_step[index] = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
         self._built_at_step = step
-        dataset = self._pipeline.build(context, start=int(self.window.numpy()) * self._window_size,
-                                       skip=int(self.in_window.numpy()), with_position=True)
-        return self._log.attach(dataset)
+        dataset = self._pipeline.build(context, start=int(self.window[index].numpy()) * self._window_size,
+                                       skip=int(self.in_window[index].numpy()), with_position=True)
+        return self._logs[index].attach(dataset)
 
     def record(self, step: int) -> None:
-        """Sets the position to where the stream stood after global step `step` (before a save)."""
-        elements = (step - self._built_at_step) * self._replicas  # taken from the stream built at that step
+        """Sets every input pipeline's position to where its stream stood after global step `step` (before a save)."""
+        positions = {index: self._after(index, step) for index in self._logs}
+        if self._store is not None:
+            positions = self._exchange(step, positions)
+        windows, delivered = self.window.numpy(), self.in_window.numpy()
+        for index, (window, outputs) in positions.items():
+            windows[index], delivered[index] = window, outputs
+        self.window.assign(windows)
+        self.in_window.assign(delivered)
+
+    def _after(self, index: int, step: int) -> tuple[int, int]:
+        """(window, outputs of it delivered) of this process's pipeline `index` after global step `step`."""
+        elements = (step - self._built_at_step) * self._per_step[index]  # taken from the stream built at that step
         if elements > 0:
-            window, delivered = self._log.after(elements)
-            self.window.assign(window)
-            self.in_window.assign(delivered)
+            return self._logs[index].after(elements)
+        return int(self.window[index].numpy()), int(self.in_window[index].numpy())
+
+    def _exchange(self, step: int, mine: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+        """Every worker's position at `step`: this worker's published, the others' read from the store.
+        Every worker saves the same step, so the wait is a step's skew at most, unless a peer is gone."""
+        key = f"{self._key}/{step}"
+        try:
+            for index, (window, outputs) in mine.items():
+                self._store.set(f"{key}/{index}", f"{window} {outputs}")
+            deadline = time.monotonic() + POSITION_WAIT_SECONDS
+            values = {index: self._store.get(f"{key}/{index}", timeout_seconds=max(0.001, deadline - time.monotonic()))
+                      for index in range(self._pipelines)}
+        except (StoreUnavailable, tf.errors.OpError) as error:
+            raise ClusterError(
+                f"the workers could not exchange their input positions for the checkpoint of step {step} "
+                f"({str(error).splitlines()[0][:200]}); start every worker again with the same command"
+            ) from None
+        missing = [index for index, value in values.items() if value is None]
+        if missing:
+            raise ClusterError(
+                f"worker {missing[0]} published no input position for the checkpoint of step {step} within "
+                f"{POSITION_WAIT_SECONDS:.0f} s (it stopped or hangs); start every worker again with the same command"
+            )
+        return {index: (int(value.split()[0]), int(value.split()[1])) for index, value in values.items()}
 
     def describe(self) -> str:
-        return (f"the input pipeline continues from window {int(self.window.numpy()):,} "
-                f"({self._window_size} examples each), past its first {int(self.in_window.numpy())} output(s)")
+        """Where the input resumes: this process's pipelines, each at its own window."""
+        windows, delivered = self.window.numpy(), self.in_window.numpy()
+        if self._pipelines == 1:
+            return (f"the input pipeline continues from window {int(windows[0]):,} "
+                    f"({self._window_size} examples each), past its first {int(delivered[0])} output(s)")
+        places = [f"input pipeline {index} of {self._pipelines} from window {int(windows[index]):,}, past its first "
+                  f"{int(delivered[index])} output(s)" for index in self._local]
+        return (f"each host's input continues from its own place in the checkpoint ({self._window_size} examples a "
+                f"window): " + "; ".join(places))
+
+
+def _with_token_meter(pipeline: Pipeline) -> tuple[Pipeline, Optional[TokenMeter]]:
+    """A data.sequence pipeline with a TokenMeter (tokens/s, non-padding), counted where the masks and
+    segment ids still are: before the outputs pick the model's keys; with data.service (whose workers
+    cannot reach this host's counters) where the batches arrive, if the outputs kept them."""
+    if pipeline.plan is None or pipeline.plan.sequence.value is None:
+        return pipeline, None
+    stages = list(pipeline.stages)
+    split = pipeline.service
+    if split is None:
+        at = next((i for i, stage in enumerate(stages) if isinstance(stage, ToOutputs)), len(stages))
+    else:
+        at = stages.index(split) + 1
+        arriving = dataclasses.replace(pipeline, stages=stages[:at - 1]).build().element_spec
+        if not sequence_keys(arriving):
+            logging.info("data.service: the outputs keep no <key>_segment_ids or <key>_mask; tokens/s is not measured")
+            return pipeline, None
+    tokens = TokenMeter()
+    stage = tokens if split is None else _WholeElements(tokens)
+    return dataclasses.replace(pipeline, stages=[*stages[:at], stage, *stages[at:]]), tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class _WholeElements:
+    """A stage that hands `stage` each element whole: tf.data spreads a tuple element (Keras's
+    (inputs, targets, weights) after the outputs) over a map's arguments."""
+
+    stage: Any
+
+    def apply(self, dataset: tf.data.Dataset, context: Any = None) -> tf.data.Dataset:
+        nested = dataset.map(lambda *parts: (parts if len(parts) > 1 else parts[0],), name="whole_elements")
+        return self.stage.apply(nested, context)
+
+
+def _windowed_service_stream(pipeline: Pipeline, context: tf.distribute.InputContext,
+                             taken_steps: int) -> tf.data.Dataset:
+    """A windowed stream through data.service, from the start of the data (a step does not say how many
+    examples it held). An anonymous job is fresh for every dataset, so a later `fit` call of the same
+    run skips the `taken_steps` steps its earlier one took; a named job is shared, and joining it again
+    goes on where it is."""
+    dataset = pipeline.build(context)
+    if pipeline.service.job_name is not None or taken_steps <= 0:
+        return dataset
+    return dataset.skip(taken_steps * (context.num_replicas_in_sync // max(1, context.num_input_pipelines)))
 
 
 def _explained(config: Config, error: Exception) -> Exception:

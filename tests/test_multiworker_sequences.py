@@ -1,0 +1,192 @@
+"""Packed language models on several hosts: two real TF_CONFIG workers on loopback, and the tf.data service.
+
+Workers: each host's packed stream stops at a place of its own; before each save every worker
+publishes its position and the chief's checkpoint (the one kept) holds both. One worker is
+SIGKILLed (its peer fails on its collective), both start again, one gets SIGTERM, both start again
+and finish: at every step each worker trained on the documents of an uninterrupted run, computed
+here from the same pipeline (input pipeline i of 2, repeated forever), and a redone step saw the
+same documents as the first time.
+
+Service: a packed language model trains through a loopback dispatcher and worker, reports tokens/s
+and non-padding, and a resume says where its input restarts (the service cannot resume exactly).
+
+Slow (several TensorFlow processes): `pytest -m "not slow"` skips it locally; CI runs it.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from test_multiworker import finish, free_ports, wait_for_step
+from test_preemption import CHILD, ENV, REPO, max_step
+from test_text_lm import converted, lm_config
+
+pytestmark = pytest.mark.slow
+
+EPOCHS, STEPS_PER_EPOCH = 3, 6
+Log = dict[tuple[int, int], list[int]]
+
+
+def start_workers(config_path: str, out_dir: str) -> list[subprocess.Popen]:
+    """Two `train` processes of a language model in one TF_CONFIG cluster (fresh ports: a new cluster)."""
+    addresses = [f"localhost:{port}" for port in free_ports(2)]
+    workers = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+        env = {**ENV, "TF_CONFIG": json.dumps(tf_config), "IDS_LOG": f"ids-{index}.log"}
+        workers.append(subprocess.Popen([sys.executable, CHILD, "train_lm", config_path, out_dir], cwd=REPO,
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return workers
+
+
+def every_line(out_dir: str) -> list[tuple[int, int, list[int]]]:
+    """(step, replica, documents) of every line every process logged, redone steps included; a last
+    line a kill cut short (no newline) is left out."""
+    lines = []
+    for path in sorted(glob.glob(os.path.join(out_dir, "ids-*.log"))):
+        for line in open(path).read().split("\n")[:-1]:
+            step, replica, *documents = (int(field) for field in line.split())
+            lines.append((step, replica, documents))
+    return lines
+
+
+def uninterrupted(raw: dict, steps: int) -> Log:
+    """The documents of each step's batch on each worker, as `train` reads them: input pipeline i of 2,
+    one replica each, the data repeated forever."""
+    from preemption_child import document_ids
+    from tpu_pipeline.config import config_from_dict
+    from tpu_pipeline.pipeline import Pipeline
+    from tpu_pipeline.pipeline.record_check import config_vocabulary
+    from tpu_pipeline.train.runner import _training_data
+
+    config = config_from_dict(raw)
+    pipeline = Pipeline.from_config(_training_data(config), num_classes=config.train.num_classes,
+                                    vocab=config_vocabulary(config))
+    expected: Log = {}
+    for worker in range(2):
+        stream = pipeline.build(tf.distribute.InputContext(2, worker, 2)).take(steps)
+        for step, (inputs, _, _) in enumerate(stream):
+            expected[(step, worker)] = document_ids(inputs["inputs"], inputs["inputs_segment_ids"])
+    return expected
+
+
+def show(printed: list[str]) -> str:
+    return "\n----\n".join(p[-3000:] for p in printed)
+
+
+def test_two_workers_train_a_packed_language_model_on_the_documents_of_an_uninterrupted_run(tmp_path):
+    data_dir = converted(tmp_path, count=200, splits="train")
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    # rows of 128 tokens: every document (under 120 bytes) stays whole, so each segment starts with its number
+    raw = lm_config(data_dir, run_dir, length=128, epochs=EPOCHS, steps=STEPS_PER_EPOCH, eval_data=False,
+                    checkpoint_every_steps=2, max_checkpoints=2)
+    raw["data"]["sequence"]["window"] = 16  # small windows: the two hosts' places differ soon
+    raw["cluster"] = {}  # TF_CONFIG decides: MultiWorkerMirroredStrategy, one replica per worker
+    config_path = str(tmp_path / "config.json")
+    json.dump(raw, open(config_path, "w"))
+    steps = EPOCHS * STEPS_PER_EPOCH
+    rng = random.Random(5)
+
+    # 1. Worker 1 dies; worker 0 cannot go on alone and says to start every worker again.
+    workers = start_workers(config_path, out_dir)
+    wait_for_step(workers, out_dir, rng.randint(4, 7))
+    workers[1].send_signal(signal.SIGKILL)
+    printed = finish(workers, timeout=120)
+    assert workers[0].returncode == 2 and "start every worker again" in printed[0], show(printed)
+    killed_at = max_step(out_dir)
+
+    # 2. Both resume, each from its own place in the chief's checkpoint; SIGTERM to worker 1 only:
+    # both save the agreed step (each publishing its position) and exit 143.
+    workers = start_workers(config_path, out_dir)
+    wait_for_step(workers, out_dir, killed_at + rng.randint(2, 3))
+    workers[1].send_signal(signal.SIGTERM)
+    printed = finish(workers)
+    assert [w.returncode for w in workers] == [143, 143], show(printed)
+    assert "input pipeline 0 of 2 from window" in printed[0], show(printed)
+    assert "worker 1: resumed from" in printed[1] and "input pipeline 1 of 2 from window" in printed[1], show(printed)
+
+    # 3. Both finish.
+    workers = start_workers(config_path, out_dir)
+    printed = finish(workers)
+    assert [w.returncode for w in workers] == [0, 0], show(printed)
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["steps"] == steps and 0 < metrics["resumed_from_step"] < steps, metrics
+    assert 0.5 < metrics["non_padding_fraction"] <= 1.0, metrics
+
+    # The kept checkpoint holds both hosts' places, and they differ (each host packs its own documents).
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints")))
+    window, in_window = (reader.get_tensor(f"data/{name}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
+                         for name in ("window", "in_window"))
+    assert len(window) == len(in_window) == 2 and (window[0], in_window[0]) != (window[1], in_window[1]), (window, in_window)
+
+    expected = uninterrupted(raw, steps)
+    lines = every_line(out_dir)
+    assert {(step, replica) for step, replica, _ in lines} == set(expected)
+    wrong = [(step, replica) for step, replica, documents in lines if documents != expected[(step, replica)]]
+    assert not wrong, f"steps whose documents differ from an uninterrupted run (redone ones included): {wrong[:10]}"
+    assert len(lines) > len(expected), "the kill and the SIGTERM must have made the workers redo some steps"
+    stream = [doc for key in sorted(expected) for doc in expected[key]]
+    assert set(stream) == set(range(200)), "18 steps of 2 hosts must cover every document"
+
+
+def test_a_packed_language_model_trains_through_the_service_and_a_resume_says_where_its_input_restarts(tmp_path):
+    from test_service import Cluster
+    from tpu_pipeline.config import config_from_dict
+    from tpu_pipeline.train import train
+
+    data_dir = converted(tmp_path)
+    run_dir = str(tmp_path / "run")
+    running = Cluster(workers=1)
+    try:
+        def config(epochs: int, steps: int):
+            raw = lm_config(data_dir, run_dir, epochs=epochs, steps=steps)
+            raw["data"]["service"] = {"address": running.address}
+            raw["cluster"] = {}  # one CPU replica: the default, and the fastest to trace
+            return config_from_dict(raw)
+
+        lines: list[str] = []
+        metrics = train(config(2, 6), printer=lines.append)
+        assert metrics["steps"] == 12, metrics
+        assert any(line.startswith(f"input: tf.data service {running.address}") for line in lines), lines
+        assert metrics["tokens_per_sec"] > 0 and 0.5 < metrics["non_padding_fraction"] <= 1.0, metrics
+        assert metrics["eval_loss"] > 0 and metrics["eval_perplexity"] > 1, metrics
+
+        # Resumed at step 12 with epochs of 5 steps: the rest of epoch 3, then epoch 4, in two `fit` calls.
+        lines.clear()
+        metrics = train(config(4, 5), printer=lines.append)
+        assert metrics["steps"] == 20 and metrics["resumed_from_step"] == 12, metrics
+        assert any("data.service cannot resume a data.sequence pack stream exactly" in line
+                   and "what the 12 step(s) before trained on comes again" in line for line in lines), lines
+        assert metrics["tokens_per_sec"] > 0 and metrics["non_padding_fraction"] > 0.5, metrics
+    finally:
+        running.stop()
+
+
+def test_a_checkpoint_of_another_number_of_hosts_is_refused_in_one_line(tmp_path):
+    """Each host resumes from its own entry, so a checkpoint with another number of entries cannot resume."""
+    import dataclasses
+
+    from tpu_pipeline.cluster import resolve
+    from tpu_pipeline.config import config_from_dict
+    from tpu_pipeline.config.cluster import ClusterConfig
+    from tpu_pipeline.errors import ConfigError
+    from tpu_pipeline.pipeline import Pipeline
+    from tpu_pipeline.train.runner import POSITION_KEY, WindowedPosition
+
+    raw = lm_config(converted(tmp_path, count=50, splits="train"), str(tmp_path / "run"), eval_data=False)
+    pipeline = Pipeline.from_config(config_from_dict(raw).data)
+    one = resolve(ClusterConfig())
+    path = tf.train.Checkpoint(**{POSITION_KEY: WindowedPosition(pipeline, one)}).save(str(tmp_path / "ckpt"))
+    WindowedPosition(pipeline, one).check_saved(path)
+    with pytest.raises(ConfigError, match=r"^train\.run_dir: .* holds the packed/bucketed input positions of 1 "
+                                          r"host\(s\), and this run has 2; resume it on as many hosts"):
+        WindowedPosition(pipeline, dataclasses.replace(one, num_hosts=2)).check_saved(path)
