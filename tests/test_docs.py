@@ -186,7 +186,8 @@ def test_yaml_snippet_is_a_valid_config(block: Block, request):
 
 
 def command_flags() -> dict[str, dict[str, bool]]:
-    """command → {flag: is boolean}, from the `flags.DEFINE_*` calls of its module (and cli.py's)."""
+    """command → {flag: is boolean}, from the `flags.DEFINE_*` calls of its module (and cli.py's and
+    commands/_common.py's)."""
     from tpu_pipeline.cli import COMMANDS
 
     define = re.compile(r"flags\.DEFINE_(\w+)\(\s*\"([^\"]+)\"")
@@ -195,6 +196,7 @@ def command_flags() -> dict[str, dict[str, bool]]:
         return {name: kind in ("bool", "boolean") for kind, name in define.findall(open(path).read())}
 
     common = defined(os.path.join(REPO, "tpu_pipeline", "cli.py"))
+    common.update(defined(os.path.join(REPO, "tpu_pipeline", "commands", "_common.py")))  # shared: --workers
     common.update({name: True for name in ("help", "helpfull", "helpshort")}, verbosity=False, v=False)
     return {name: {**common, **defined(importlib.util.find_spec(module).origin)}
             for name, (module, _) in COMMANDS.items()}

@@ -10,6 +10,10 @@ from tpu_pipeline.config.loader import apply_overrides, import_modules, merge, p
 from tpu_pipeline.demo import DEMO_CONFIG, demo_overrides, ensure_builtin_data
 from tpu_pipeline.ops import check_ops
 
+# One definition for the commands that share the flag (convert, verify): a process (a test, a notebook)
+# may import both, and absl refuses a flag defined twice.
+flags.DEFINE_integer("workers", 0, "threads that work at once: convert's readers and encoders, verify's files "
+                     "checked (0 = one per core)")
 FLAGS = flags.FLAGS
 
 

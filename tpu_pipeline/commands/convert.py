@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from absl import flags
 
+from tpu_pipeline.commands import _common  # noqa: F401  (defines --workers, shared with verify)
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.records.convert import ConvertOptions, ConvertSource, convert
 
@@ -35,7 +36,6 @@ flags.DEFINE_integer("min_shards", 8, "never fewer shards per split than this (a
 flags.DEFINE_enum("compression", "none", ["none", "GZIP", "ZLIB"], "TFRecord compression", case_sensitive=False)
 flags.DEFINE_enum("on_error", "raise", ["raise", "skip"], "an unreadable image or row: stop (raise) or skip it, "
                   "counting and listing it in metadata.json")
-flags.DEFINE_integer("workers", 0, "threads that read and encode examples (0 = one per core)")
 flags.DEFINE_enum("reencode", "none", ["none", "jpeg", "png"], "image-folder/numpy: re-encode images "
                   "(default: keep the original bytes)")
 flags.DEFINE_integer("jpeg_quality", 95, "quality for --reencode=jpeg")

@@ -15,7 +15,6 @@ from tpu_pipeline.commands._common import load
 
 if "json" not in flags.FLAGS:  # doctor defines the same flag; a process may import both
     flags.DEFINE_string("json", None, "write the report here as JSON, for scripts")
-flags.DEFINE_integer("workers", None, "files checked at once (default: the host's cores)")
 FLAGS = flags.FLAGS
 
 
@@ -27,7 +26,7 @@ def run(overrides: Sequence[str]) -> int:
     for section in ("data", "eval_data"):
         data = getattr(config, section)
         if data is not None:
-            report = verify_data(data, section, num_classes=config.train.num_classes, workers=FLAGS.workers,
+            report = verify_data(data, section, num_classes=config.train.num_classes, workers=FLAGS.workers or None,
                                  vocab=config_vocabulary(config))
             print(report.table())
             reports.append(report)
