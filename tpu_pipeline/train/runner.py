@@ -319,7 +319,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         "global_batch_size": config.data.batch_size,
         "resumed_from_step": resumed_from,
         **{name: history[name][-1] if history.get(name) else None for name in _trained_metrics(config, history)},
-        "examples_per_sec": progress.examples_per_second(),
+        # Token data: a batch's rows hold as many examples as fit (pack), so the rate is of rows, and
+        # real tokens/s is the figure to read.
+        ("examples_per_sec" if tokens is None else "rows_per_sec"): progress.examples_per_second(),
         **({"tokens_per_sec": progress.tokens_per_second(), "non_padding_fraction": tokens.fraction()}
            if tokens is not None else {}),
         "input_wait_fraction": progress.input_wait_fraction(),
