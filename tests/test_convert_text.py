@@ -254,7 +254,7 @@ def test_killed_conversion_resumes(tmp_path):
 
 
 def train_spm(tmp_path, vocab_size: int, name: str, model_type: str = "unigram") -> str:
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm  # the `text` extra, which scripts/setup_env.sh installs: missing is a failure
     corpus = tmp_path / f"{name}-train.txt"
     lines = [f"the {w} sat on the mat and the {w} ran to the café {i}" for i, w in
              enumerate(["cat", "dog", "emu", "fox", "owl", "yak"] * 20)]
