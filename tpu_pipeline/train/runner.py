@@ -220,12 +220,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         eval_dataset = eval_pipeline.distribute(cluster.strategy)
         validation_steps = config.train.eval_steps or eval_pipeline.evaluation_steps(cluster.num_replicas, cluster.num_hosts)
 
-    language_model = config.train.task == "language_model"
-    model = build_model(
-        config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=input_shape,
-        num_classes=num_classes(config, train_pipeline), steps_per_epoch=steps, epochs=epochs, model_fn=model_fn,
-        task=config.train.task, byte_offset=train_pipeline.source.info().byte_offset if language_model else None,
-    )
+    model = _model_for(config, cluster, train_pipeline, input_shape, steps, model_fn)
     state = TrainState()
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json,
                                      **({POSITION_KEY: position} if position is not None else {}))
@@ -357,6 +352,18 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     return metrics
 
 
+def _model_for(config: Config, cluster: ClusterInfo, pipeline: Pipeline, input_shape: Any, steps_per_epoch: int,
+               model_fn: Optional[Callable[..., Any]]) -> Any:
+    """The compiled model of this config for this pipeline's inputs: what `train` trains and `load_model` restores."""
+    language_model = config.train.task == "language_model"
+    return build_model(
+        config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=input_shape,
+        num_classes=num_classes(config, pipeline), steps_per_epoch=steps_per_epoch, epochs=config.train.epochs,
+        model_fn=model_fn, task=config.train.task,
+        byte_offset=pipeline.source.info().byte_offset if language_model else None,
+    )
+
+
 def load_model(config: Config, *, cluster: Optional[ClusterInfo] = None,
                model_fn: Optional[Callable[..., Any]] = None) -> Any:
     """The model `train` built for this config, with the weights of the newest checkpoint in train.run_dir
@@ -366,13 +373,8 @@ def load_model(config: Config, *, cluster: Optional[ClusterInfo] = None,
     cluster = cluster or resolve(config.cluster)
     pipeline = Pipeline.from_config(_training_data(config), target="tpu" if cluster.kind == "tpu" else "cpu",
                                     num_classes=config.train.num_classes)
-    language_model = config.train.task == "language_model"
-    model = build_model(
-        config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=_element_shape(pipeline, config.train.task),
-        num_classes=num_classes(config, pipeline), steps_per_epoch=config.train.steps_per_epoch or 1,
-        epochs=config.train.epochs, model_fn=model_fn, task=config.train.task,
-        byte_offset=pipeline.source.info().byte_offset if language_model else None,
-    )
+    model = _model_for(config, cluster, pipeline, _element_shape(pipeline, config.train.task),
+                       config.train.steps_per_epoch or 1, model_fn)
     latest = tf.train.latest_checkpoint(os.path.join(config.train.run_dir, "checkpoints"))
     if latest is None:
         raise ConfigError(f"train.run_dir={config.train.run_dir!r} has no checkpoint yet; run tpu-pipeline train first")
