@@ -9,6 +9,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from tpu_pipeline.errors import ConfigError
+
 
 def generate(model: Any, prompt: Sequence[int], *, length: int, new_tokens: int, temperature: float = 0.8,
              stop_id: Optional[int] = None, seed: int = 0, tokens_key: str = "inputs") -> list[int]:
@@ -16,8 +18,11 @@ def generate(model: Any, prompt: Sequence[int], *, length: int, new_tokens: int,
     ending early at `stop_id` (e.g. the tokenizer's EOS). The model takes rows of `length` tokens as
     `train` gave them: `<tokens_key>`, its `_segment_ids` (1 on the text, 0 after) and `_positions`;
     a prompt longer than `length` keeps its last tokens."""
-    rng = np.random.default_rng(seed)
     ids = list(prompt)
+    if not ids:  # the model predicts from the last prompt token: with none it would read a padding slot
+        raise ConfigError("generate: the prompt is empty; give at least one token id "
+                          "(the start of the text to continue)")
+    rng = np.random.default_rng(seed)
     out: list[int] = []
     names = {name for name in getattr(model, "input_names", [])} or {tokens_key}
     for _ in range(new_tokens):
