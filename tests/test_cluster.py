@@ -425,15 +425,15 @@ def test_gpu_requested_without_gpu():
 @pytest.mark.parametrize(
     "data, needle",
     [
-        ({"cpu_replicas": 0}, "cluster.cpu_replicas: Input should be greater than or equal to 1 (given: 0)"),
-        ({"accelerator": "tpuu"}, "cluster.accelerator: Input should be 'auto', 'tpu', 'gpu', 'cpu' or 'multi_worker'"),
+        ({"cpu_replicas": 0}, "cluster.cpu_replicas=0: must be an integer of at least 1"),
+        ({"accelerator": "tpuu"}, "cluster.accelerator='tpuu': must be 'auto', 'tpu', 'gpu', 'cpu' or 'multi_worker'"),
         ({"tpus": "my-tpu"}, "cluster.tpus: unknown key; allowed keys here: accelerator, cpu_replicas, gpus, tpu,"),
-        ({"tpu": "  "}, "cluster.tpu: Value error, must not be empty"),
-        ({"accelerator": "cpu", "tpu": "my-tpu"}, "cluster.tpu: Value error, a TPU is named but accelerator is 'cpu'"),
-        ({"accelerator": "gpu", "cpu_replicas": 4}, "cluster.cpu_replicas: Value error, only applies to the CPU"),
-        ({"accelerator": "cpu", "gpus": [0]}, "cluster.gpus: Value error, only applies to GPUs"),
-        ({"gpus": [0, 0]}, "cluster.gpus: Value error, GPU indices must not repeat"),
-        ({"gpus": [-1]}, "cluster.gpus: Value error, GPU indices must be >= 0"),
+        ({"tpu": "  "}, "cluster.tpu: must not be empty"),
+        ({"accelerator": "cpu", "tpu": "my-tpu"}, "cluster.tpu: a TPU is named but accelerator is 'cpu'"),
+        ({"accelerator": "gpu", "cpu_replicas": 4}, "cluster.cpu_replicas: only applies to the CPU"),
+        ({"accelerator": "cpu", "gpus": [0]}, "cluster.gpus: only applies to GPUs"),
+        ({"gpus": [0, 0]}, "cluster.gpus: GPU indices must not repeat"),
+        ({"gpus": [-1]}, "cluster.gpus: GPU indices must be >= 0"),
         ({"gpus": []}, "cluster.gpus: List should have at least 1 item"),
     ],
 )

@@ -486,15 +486,15 @@ def test_an_op_on_a_feature_it_cannot_take_is_refused_at_build(tmp_path, feature
 
 
 @pytest.mark.parametrize("feature, fragment", [
-    ({"dtype": "int64", "kind": "ragged", "shape": [3]}, "data.features.tokens: Value error, kind ragged is one 1-D "
+    ({"dtype": "int64", "kind": "ragged", "shape": [3]}, "data.features.tokens: kind ragged is one 1-D "
                                                          "vector of any length per example, so shape must be []"),
-    ({"dtype": "int64", "kind": "ragged", "default": [0]}, "data.features.tokens: Value error, kind ragged takes only "
+    ({"dtype": "int64", "kind": "ragged", "default": [0]}, "data.features.tokens: kind ragged takes only "
                                                            "default: []"),
-    ({"dtype": "int64", "cast": "int32"}, "data.features.tokens: Value error, cast applies to int64 features of kind "
+    ({"dtype": "int64", "cast": "int32"}, "data.features.tokens: cast applies to int64 features of kind "
                                           "ragged or sequence"),
     ({"dtype": "float32", "kind": "sequence", "cast": "int64"}, "cast applies to int64 features"),
     ({"dtype": "int64", "kind": "ragged", "cast": "int16"},
-     "data.features.tokens.cast: Input should be 'int32' or 'int64'"),
+     "data.features.tokens.cast='int16': must be 'int32' or 'int64'"),
 ])
 def test_feature_spec_errors_name_the_feature(token_file, feature, fragment):
     with pytest.raises(ConfigError) as error:
