@@ -124,9 +124,10 @@ def test_two_workers_train_a_packed_language_model_on_the_documents_of_an_uninte
 
     # The kept checkpoint holds both hosts' places, and they differ (each host packs its own documents).
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints")))
-    window, in_window = (reader.get_tensor(f"data/{name}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
-                         for name in ("window", "in_window"))
-    assert len(window) == len(in_window) == 2 and (window[0], in_window[0]) != (window[1], in_window[1]), (window, in_window)
+    example, chunk, in_window = (reader.get_tensor(f"data/{name}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
+                                 for name in ("example", "chunk", "in_window"))
+    places = list(zip(example, chunk, in_window))
+    assert len(places) == 2 and places[0] != places[1], places
 
     expected = uninterrupted(raw, steps)
     lines = every_line(out_dir)

@@ -74,11 +74,12 @@ def test_bucket_delivers_every_example_once_and_groups_share_a_shape(replicas):
 def test_bucket_shapes_are_the_bucket_lengths_and_positions_count_within_windows():
     outputs = bucket_outputs([1, 9, 17, 30, 2, 3, 4, 5], tf.distribute.InputContext(), window=4, batch=2)
     assert {features["tokens"].shape[1] for features, _ in outputs} == {8, 16, 32}
-    windows = [int(meta["_window"]) for _, meta in outputs]
+    windows = [int(meta["_example"]) // 4 for _, meta in outputs]  # a window starts at example window × 4
     assert windows == sorted(windows) and set(windows) == {0, 1}
+    assert all(int(meta["_example"]) % 4 == 0 and int(meta["_chunk"]) == 0 for _, meta in outputs)
     for window in (0, 1):
-        assert [int(m["_index"]) for _, m in outputs if m["_window"] == window] == list(
-            range(sum(1 for _, m in outputs if m["_window"] == window)))
+        assert [int(m["_index"]) for _, m in outputs if int(m["_example"]) // 4 == window] == list(
+            range(windows.count(window)))
 
 
 def test_bucket_overflow_error_and_truncate():

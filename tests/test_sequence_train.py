@@ -55,12 +55,16 @@ def per_token_model(input_shape, num_classes):
     return tf_keras.Model(tokens, tf_keras.layers.Dense(VOCAB)(tf_keras.layers.Embedding(VOCAB, 4)(tokens)))
 
 
-def saved_position(run_dir: str) -> tuple[int, int]:
-    """(window, in_window) of the one input pipeline: the checkpoint holds a vector, one entry per host."""
+def saved_position(run_dir: str) -> tuple[int, int, int]:
+    """(example, chunk, in_window) of the one input pipeline: the checkpoint holds a vector, one entry per host."""
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(f"{run_dir}/checkpoints"))
-    window, in_window = (reader.get_tensor(f"data/{name}/.ATTRIBUTES/VARIABLE_VALUE") for name in ("window", "in_window"))
-    assert window.shape == in_window.shape == (1,), (window, in_window)
-    return int(window[0]), int(in_window[0])
+    saved = [reader.get_tensor(f"data/{name}/.ATTRIBUTES/VARIABLE_VALUE") for name in ("example", "chunk", "in_window")]
+    assert all(value.shape == (1,) for value in saved), saved
+    return tuple(int(value[0]) for value in saved)
+
+
+def iterator_position(iterator) -> tuple[int, int, int]:
+    return int(iterator.example.numpy()), int(iterator.chunk.numpy()), int(iterator.in_window.numpy())
 
 
 @pytest.mark.parametrize("mode", ["pack", "bucket"])
@@ -77,14 +81,14 @@ def test_train_saves_the_windowed_position_of_the_uninterrupted_stream(tmp_path,
     assert metrics["resumed_from_step"] == 3 and metrics["steps"] == 9
     # What it trained on, counted where the segment ids and masks are: packed rows are nearly full.
     assert (0.9 if mode == "pack" else 0.3) < metrics["non_padding_fraction"] <= 1.0, metrics["non_padding_fraction"]
-    assert any("the input pipeline continues from window" in line for line in lines), lines
+    assert any("the input pipeline continues from the window at example" in line for line in lines), lines
 
     iterator = Pipeline.from_config(config(files, run_dir, mode, 3).data).distributed_iterator(cluster.strategy)
     for step in range(1, 10):
         next(iterator)
         if step == 3:
-            assert after_three == (int(iterator.window.numpy()), int(iterator.in_window.numpy()))
-    assert saved_position(run_dir) == (int(iterator.window.numpy()), int(iterator.in_window.numpy()))
+            assert after_three == iterator_position(iterator)
+    assert saved_position(run_dir) == iterator_position(iterator)
     assert saved_position(run_dir) != after_three
 
 

@@ -49,8 +49,17 @@ class SequenceConfig(StrictModel):
         "batch_size × length / bucket length (rounded down to a multiple of 8), so tokens per step stay near constant"
     )
     window: Union[pydantic.PositiveInt, Literal["auto"]] = pydantic.Field(
-        "auto", description="pack and bucket modes: examples placed together (and resumed from) as one unit; "
-        "larger packs denser and costs more memory and a longer replay on resume; auto: see docs/sequences.md"
+        "auto", description="pack and bucket modes: items placed together (and resumed from) as one unit — pack: "
+        "chunks of at most length tokens (a longer document is cut first, so a window holds at most window × length "
+        "tokens); bucket: examples, each cut to length first; larger packs denser and costs more memory and a longer "
+        "replay on resume; auto: pack 1024 items up to length 1024, fewer (at least 256) for longer rows, so a window "
+        "holds ~1M tokens at most; bucket 32 global batches"
+    )
+    row_shuffle: Union[pydantic.PositiveInt, bool, Literal["auto"]] = pydantic.Field(
+        "auto", description="pack mode: the packed rows of this many consecutive windows leave in a seeded "
+        "permutation, so a long document's chunks land in many batches (a resume rebuilds the pool; nothing of it "
+        "is saved); auto: windows adding up to ~2M tokens when data.shuffle is on, off when it is off; false: rows "
+        "in packing order"
     )
     algorithm: Literal["first_fit_decreasing", "best_fit_decreasing", "first_fit"] = pydantic.Field(
         "first_fit_decreasing", description="pack mode: how a window's examples are placed in rows"
@@ -81,6 +90,8 @@ class SequenceConfig(StrictModel):
                                   "the longest bucket is length itself")
             if isinstance(self.length, dict) and len(set(self.length.values())) > 1:
                 raise ConfigError(f"{prefix}.boundaries: bucket mode takes one length for every key")
+        if self.row_shuffle not in ("auto", False) and self.mode != "pack":
+            raise ConfigError(f"{prefix}.row_shuffle: only with mode: pack (it permutes packed rows)")
         if self.bucket_batch == "tokens" and self.mode != "bucket":
             raise ConfigError(f"{prefix}.bucket_batch: only with mode: bucket")
         return self

@@ -55,21 +55,22 @@ from tpu_pipeline.pipeline.stages import (
 from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
 
+PACK_PARSE_BLOCK = 256  # pack mode: records parsed together (one ragged batch), then cut into chunks
 FULL_SHUFFLE = tf.data.UNKNOWN_CARDINALITY  # a shuffle buffer that holds the whole (finite) input
 FIRST_EPOCH = 0
 
 
 def _apply(dataset: tf.data.Dataset, stages: Sequence[Any], context: tf.distribute.InputContext,
-           epoch: Optional[tf.Tensor] = None, position: int = 0, skip: int = 0) -> tf.data.Dataset:
+           epoch: Optional[tf.Tensor] = None, position: int = 0, skip: int = 0, chunk: int = 0) -> tf.data.Dataset:
     """Applies `stages`; `position`: examples delivered before (a resume), for stages that number
-    their elements (per batch after a Batch stage); `skip`: outputs of a windowed stage's first
-    window delivered before."""
+    their elements (per batch after a Batch stage; a windowed stage counts examples); `chunk`,
+    `skip`: chunks of that example and outputs of a windowed stage's first window delivered before."""
     unit = 1
     for stage in stages:
         if getattr(stage, "uses_epoch", False):
             dataset = stage.apply(dataset, context, epoch=epoch)
         elif isinstance(stage, Windowed):
-            dataset = stage.apply(dataset, context, position=position // unit, skip=skip)
+            dataset = stage.apply(dataset, context, position=position, chunk=chunk, skip=skip)
         elif getattr(stage, "uses_position", False):
             dataset = stage.apply(dataset, context, position=position // unit)
         else:
@@ -112,7 +113,7 @@ class Pipeline:
     vocab: Optional[Vocabulary] = None  # the config's token vocabulary, for files whose metadata.json has none
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,
-              with_position: bool = False) -> tf.data.Dataset:
+              with_position: bool = False, chunk: int = 0) -> tf.data.Dataset:
         """The dataset of one input pipeline; `start`: examples it delivered before (a resume).
 
         A resumed stream is exactly the rest of the uninterrupted one: the epochs are pure
@@ -120,9 +121,10 @@ class Pipeline:
         epoch length of this pipeline) and skips start % L records of it before any parse or op.
 
         A windowed pipeline (data.sequence bucket or pack: `self.windowed`) resumes at a window:
-        `start` is that window's first example (a multiple of the window), `skip` the outputs of
-        it delivered before. `with_position`: each element comes as (element, position), the
-        position being the `_window` and `_index` of its outputs (what the iterators save).
+        `start` is the example where it starts (bucket: a multiple of the window), `chunk` the
+        chunks of that example before it (pack), `skip` its outputs delivered before.
+        `with_position`: each element comes as (element, position), the position being the
+        `stages.POSITION_KEYS` of its outputs (what the iterators save).
         """
         context = input_context or tf.distribute.InputContext()
         stages = self._stages_with_position(with_position)
@@ -130,7 +132,7 @@ class Pipeline:
         if isinstance(self.windowed, Bucket) and context.num_input_pipelines > 1:
             dataset = self._shared_buckets(stages, context, start, skip)
         elif split is None:
-            dataset = self._stream(stages, context, start, skip_outputs=skip)
+            dataset = self._stream(stages, context, start, skip_outputs=skip, chunk=chunk)
         else:
             dataset = self._through_service(split, context, start)
         if self.check_tpu:
@@ -210,7 +212,8 @@ class Pipeline:
         return _apply(split.apply(dataset, context, first_epoch), self.stages[at + 1:], context)
 
     def _stream(self, stages: Sequence[Any], context: tf.distribute.InputContext, start: int = 0,
-                first_epoch: Optional[int] = None, salted: bool = False, skip_outputs: int = 0) -> tf.data.Dataset:
+                first_epoch: Optional[int] = None, salted: bool = False, skip_outputs: int = 0,
+                chunk: int = 0) -> tf.data.Dataset:
         """`stages` after the source, epoch by epoch; from example `start` (exactly), or from the
         beginning of `first_epoch`. `salted`: each run of the graph (each service worker) folds a
         value of its own into the epoch, hence into every per-epoch seed."""
@@ -243,7 +246,8 @@ class Pipeline:
         else:
             dataset = one_epoch(tf.constant(start_epoch, tf.int64))
             dataset = head(dataset) if head else dataset
-        return _apply(dataset, after, context, position=0 if first_epoch is not None else start, skip=skip_outputs)
+        return _apply(dataset, after, context, position=0 if first_epoch is not None else start, skip=skip_outputs,
+                      chunk=chunk)
 
     def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:
         """(epoch, examples of it to skip) for a stream that delivered `start` examples."""
@@ -529,15 +533,17 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
         stages += [shuffle] if shuffling == "stream" else []
         records = dataclasses.replace(batch, records=True)
         if sequence is not None and sequence.window:
-            # The window is the batch of records: parsed as one ragged batch, placed as one window.
-            records = Batch(sequence.window, drop_remainder=False, records=True, per_replica=False)
+            # Bucket: the window is the batch of records, parsed as one ragged batch, placed as one
+            # window. Pack: blocks of records parsed as one ragged batch, then cut into chunks.
+            block = sequence.window if sequence.mode == "bucket" else PACK_PARSE_BLOCK
+            records = Batch(block, drop_remainder=False, records=True, per_replica=False)
         stages += [repeat, records]
         seq_ops, seq_random = _sequence_ops(sequence, batched=True)
         stages.append(MapFeatures(
             ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random,
             parse=make_parser(features, batched=True) if features else None, name="parse_batch", **map_args,
         ))
-        stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=True)
+        stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=True, seed=config.seed)
     else:
         parse = make_parser(features) if features else None
         if config.cache.enabled:
@@ -551,7 +557,8 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
             ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random, parse=parse,
             name="preprocess_augment", **map_args
         ))
-        stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=False) if sequence else [batch]
+        stages += (_sequence_stages(sequence, batch, config.num_parallel_calls, batched=False, seed=config.seed)
+                   if sequence else [batch])
     if config.outputs is not None:
         stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets, weights=config.outputs.weights))
     if config.service.enabled:  # plan.service: the workers make the batches, this host prefetches them
@@ -564,17 +571,25 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
 
 
 def _sequence_ops(sequence: Optional[SequencePlan], batched: bool) -> tuple[list[Any], list[bool]]:
-    """data.sequence's pad, as one more op of the map that parses (so no element crosses threads for it)."""
-    if sequence is None or sequence.mode != "pad":
+    """data.sequence's pad, or bucket's cut to the length, as one more op of the map that parses (so
+    no element crosses threads for it). The cut comes before the bucket's window is formed, so a
+    window holds at most window × length tokens however long a document is."""
+    if sequence is None or sequence.mode == "pack":
         return [], []
+    if sequence.mode == "bucket":
+        if sequence.overflow != "truncate":
+            return [], []  # error: the bucket stage names the example that does not fit
+        cut = (lambda t, n: t[:, :n]) if batched else (lambda t, n: t[:n])
+        return [lambda features, seed=None: {**features, **{key: cut(features[key], length)
+                                                            for key, length in sequence.lengths.items()}}], [False]
     pad = pad_batch if batched else pad_example
     return [lambda features, seed=None: pad(features, sequence.lengths, sequence.overflow)], [False]
 
 
 def _sequence_stages(sequence: Optional[SequencePlan], batch: Batch, num_parallel_calls: Any,
-                     batched: bool) -> list[Any]:
+                     batched: bool, seed: int = 0) -> list[Any]:
     """What follows the map for data.sequence: pad → the batch (already made on the batched path);
-    bucket → its batches; pack → rows, then the batch of rows."""
+    bucket → its batches; pack → rows (shuffled in pools of windows), then the batch of rows."""
     if sequence is None:
         return []
     keys = list(sequence.lengths)
@@ -583,9 +598,9 @@ def _sequence_stages(sequence: Optional[SequencePlan], batch: Batch, num_paralle
     if sequence.mode == "bucket":
         return [Bucket(keys, sequence.window, lengths=sequence.lengths, bucket_lengths=sequence.bucket_lengths,
                        global_batch_size=batch.global_batch_size, overflow=sequence.overflow, scale=sequence.bucket_batch)]
-    overflow = sequence.overflow
-    return [PackRows(keys, sequence.window, lengths=sequence.lengths, algorithm=sequence.algorithm, overflow=overflow,
-                     num_parallel_calls=num_parallel_calls), batch]
+    return [PackRows(keys, sequence.window, lengths=sequence.lengths, algorithm=sequence.algorithm,
+                     overflow=sequence.overflow, num_parallel_calls=num_parallel_calls,
+                     row_shuffle=sequence.row_shuffle, seed=seed), batch]
 
 
 def build_dataset(

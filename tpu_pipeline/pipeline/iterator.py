@@ -5,7 +5,8 @@
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt, data=dist_it)
 
 What is saved: `position` (batches or global steps delivered by `next`) and `examples_per_batch`
-(the per-replica or global batch: a check that it did not change): two int64 scalars, 16 bytes, whatever the shuffle
+(the per-replica or global batch: a check that it did not change): two int64 scalars, 16 bytes (a
+bucket or pack pipeline adds three: where its window starts and its outputs delivered), whatever the shuffle
 buffer, record cache or record size. A pipeline's epochs are pure functions of (data.seed, epoch,
 input pipeline) (tpu_pipeline.pipeline.seeds), so after a restore the next `next` rebuilds the
 dataset at that position (`Pipeline.build(start=...)`): it rebuilds the current epoch and skips the
@@ -49,8 +50,9 @@ class _PositionIterator(tf.Module):
 
     A windowed pipeline (data.sequence bucket or pack) cannot compute where step k leaves off from
     k: how many examples a batch holds depends on the data. It saves the place itself, read from
-    the elements as they pass: `window` (the window of the last delivered output) and `in_window`
-    (outputs of that window delivered), and rebuilds there (`Pipeline.build(start=, skip=)`).
+    the elements as they pass: where the window of the last delivered output starts (`example`,
+    `chunk`) and `in_window` (outputs of that window delivered), and rebuilds there
+    (`Pipeline.build(start=, chunk=, skip=)`).
     """
 
     def __init__(self, pipeline: "Pipeline", examples_per_batch: int, name: str) -> None:
@@ -64,8 +66,10 @@ class _PositionIterator(tf.Module):
                                                   name="examples_per_batch",
                                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             if self._windowed is not None:
-                self.window = tf.Variable(0, dtype=tf.int64, trainable=False, name="window",
-                                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                self.example = tf.Variable(0, dtype=tf.int64, trainable=False, name="example",
+                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                self.chunk = tf.Variable(0, dtype=tf.int64, trainable=False, name="chunk",
+                                         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
                 self.in_window = tf.Variable(0, dtype=tf.int64, trainable=False, name="in_window",
                                              aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._examples_per_batch = examples_per_batch
@@ -74,14 +78,14 @@ class _PositionIterator(tf.Module):
     def _make(self, position: int) -> Any:
         raise NotImplementedError
 
-    def _resume_point(self) -> tuple[int, int]:
-        """(examples before the window to rebuild from, outputs of it to skip) of a windowed pipeline."""
-        return int(self.window.numpy()) * self._windowed.window, int(self.in_window.numpy())
+    def _resume_point(self) -> tuple[int, int, int]:
+        """(example and chunk where the window to rebuild starts, outputs of it to skip) of a windowed pipeline."""
+        return int(self.example.numpy()), int(self.chunk.numpy()), int(self.in_window.numpy())
 
-    def _last_position(self, position: Any) -> tuple[int, int]:
-        """(window, index) of the last output of an element's position tensors."""
-        window, index = last_position(position).numpy().tolist()
-        return int(window), int(index)
+    def _last_position(self, position: Any) -> tuple[int, int, int]:
+        """(example, chunk, index) of the last output of an element's position tensors."""
+        example, chunk, index = last_position(position).numpy().tolist()
+        return int(example), int(chunk), int(index)
 
     def _live(self) -> Any:
         position = int(self.position.numpy())
@@ -105,8 +109,9 @@ class _PositionIterator(tf.Module):
             element = next(self._live())
         if self._windowed is not None:
             element, position = element
-            window, index = self._last_position(position)
-            self.window.assign(window)
+            example, chunk, index = self._last_position(position)
+            self.example.assign(example)
+            self.chunk.assign(chunk)
             self.in_window.assign(index + 1)
         self._box.delivered += 1
         self.position.assign_add(1)
@@ -130,8 +135,8 @@ class PipelineIterator(_PositionIterator):
 
     def _make(self, position: int) -> Any:
         if self._windowed is not None:
-            start, skip = self._resume_point()
-            return iter(self._pipeline.build(self._context, start=start, skip=skip, with_position=True))
+            start, chunk, skip = self._resume_point()
+            return iter(self._pipeline.build(self._context, start=start, chunk=chunk, skip=skip, with_position=True))
         return iter(self._pipeline.build(self._context, start=position * self._examples_per_batch))
 
 
@@ -144,13 +149,14 @@ class DistributedPipelineIterator(_PositionIterator):
 
     def _make(self, position: int) -> Any:
         if self._windowed is not None:
-            start, skip = self._resume_point()
+            start, chunk, skip = self._resume_point()
             return iter(self._strategy.distribute_datasets_from_function(
-                lambda context: self._pipeline.build(context, start=start, skip=skip, with_position=True)))
+                lambda context: self._pipeline.build(context, start=start, chunk=chunk, skip=skip,
+                                                     with_position=True)))
         return iter(self._strategy.distribute_datasets_from_function(
             lambda context: self._pipeline.build(context, start=position * self._pipeline.examples_per_step(context))))
 
-    def _last_position(self, position: Any) -> tuple[int, int]:
+    def _last_position(self, position: Any) -> tuple[int, int, int]:
         """The last replica's: a pipeline's consecutive outputs go to its replicas in turn."""
         last = {key: self._strategy.experimental_local_results(value)[-1] for key, value in position.items()}
         return super()._last_position(last)

@@ -78,7 +78,7 @@ def _exclusive_cumsum(values: tf.Tensor) -> tf.Tensor:
     return tf.cumsum(values, axis=0, exclusive=True)
 
 
-def _expand(counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+def expand_counts(counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """For `counts` [N] >= 0: (owner, rank) of each of the sum(counts) parts, parts numbered owner by
     owner: `tf.repeat(range(N), counts)` and the 0-based rank within its owner.
 
@@ -116,7 +116,7 @@ def _items(counts: tf.Tensor, starts: tf.Tensor, limits: tf.Tensor, split: bool)
         chunks = tf.reduce_max((counts + limits - 1) // limits, axis=1)
     else:
         chunks = tf.cast(tf.reduce_max(counts, axis=1) > 0, tf.int32)
-    example, chunk = _expand(chunks)
+    example, chunk = expand_counts(chunks)
     skipped = chunk[:, None] * limits[None, :]
     sizes = tf.clip_by_value(tf.gather(counts, example) - skipped, 0, limits[None, :])
     return sizes, tf.gather(starts, example) + skipped

@@ -112,10 +112,20 @@ def make_plan(config: DataConfig, source: Source, prefix: str = "data") -> Plan:
     )
 
 
-# data.sequence.window=auto, in examples. Measured with benchmarks/bench_packing.py (docs/sequences.md):
-# first-fit-decreasing packs denser as windows grow, at a cost per example that grows slowly and a
-# replay on resume of at most one window.
+# data.sequence.window=auto. Measured with benchmarks/bench_packing.py (docs/sequences.md):
+# first-fit-decreasing packs denser as windows grow, at a cost per item that grows slowly up to ~1-2k
+# items (each placement searches all the window's rows) and a replay on resume of at most one pool.
+# A pack window holds items of at most `length` tokens (chunks), so its tokens are bounded by
+# window × length: auto keeps that at PACK_WINDOW_TOKENS (1024 items up to length 1024, fewer, at
+# least PACK_WINDOW_MIN, for longer rows).
 PACK_WINDOW = 1024
+PACK_WINDOW_MIN = 256
+PACK_WINDOW_TOKENS = 1 << 20
+# data.sequence.row_shuffle=auto: the rows of consecutive windows adding up to ~2M tokens are permuted
+# together (at length 256: 8 windows, 8192 rows), so a document of a few hundred rows still spreads
+# over many batches (benchmarks/bench_row_shuffle.py); off when data.shuffle is off (evaluation).
+ROW_SHUFFLE_TOKENS = 1 << 21
+ROW_SHUFFLE_MAX_WINDOWS = 16
 BUCKET_WINDOW_BATCHES = 32  # bucket mode: windows of 32 global batches, so each bucket's padded last group is rare
 
 
@@ -125,15 +135,22 @@ class SequencePlan:
 
     mode: str  # pad | bucket | pack
     lengths: dict  # key -> length
-    window: int  # examples per window (bucket, pack); 0 for pad
+    window: int  # items per window (bucket: examples; pack: chunks of at most length); 0 for pad
     overflow: str
     algorithm: str
     bucket_lengths: tuple = ()
     bucket_batch: str = "examples"
+    row_shuffle: int = 0  # pack: windows whose rows are permuted together (0: rows in packing order)
 
     def __str__(self) -> str:
         window = f", window {self.window}" if self.window else ""
-        return f"{self.mode} to {max(self.lengths.values())}{window}"
+        shuffle = f", rows shuffled {self.row_shuffle} windows at a time" if self.row_shuffle else ""
+        return f"{self.mode} to {max(self.lengths.values())}{window}{shuffle}"
+
+
+def pack_window(length: int) -> int:
+    """data.sequence.window=auto in pack mode: items (chunks of at most `length` tokens) per window."""
+    return max(PACK_WINDOW_MIN, min(PACK_WINDOW, PACK_WINDOW_TOKENS // length))
 
 
 def _sequence(config: DataConfig, prefix: str) -> Decision:
@@ -154,10 +171,30 @@ def _sequence(config: DataConfig, prefix: str) -> Decision:
                                      sequence.bucket_batch),
                         f"{key}.mode=bucket: {len(bounds)} shapes ({', '.join(map(str, bounds))}), one per step; "
                         f"windows of {window} examples" + (" (auto: 32 global batches)" if sequence.window == "auto" else ""))
-    window = PACK_WINDOW if sequence.window == "auto" else int(sequence.window)
-    return Decision(SequencePlan("pack", lengths, window, sequence.overflow, sequence.algorithm),
-                    f"{key}.mode=pack: {sequence.algorithm} over windows of {window} examples"
-                    + (" (auto: measured, docs/sequences.md)" if sequence.window == "auto" else ""))
+    longest = sequence.max_length
+    window = pack_window(longest) if sequence.window == "auto" else int(sequence.window)
+    row_shuffle, shuffle_why = _row_shuffle(config, window * longest, prefix)
+    tokens = window * longest * max(1, row_shuffle)
+    return Decision(SequencePlan("pack", lengths, window, sequence.overflow, sequence.algorithm,
+                                 row_shuffle=row_shuffle),
+                    f"{key}.mode=pack: {sequence.algorithm} over windows of {window} chunks of at most {longest} "
+                    f"tokens" + (" (auto: measured, docs/sequences.md)" if sequence.window == "auto" else "")
+                    + f"; {shuffle_why}; at most {tokens:,} tokens per key held at once")
+
+
+def _row_shuffle(config: DataConfig, window_tokens: int, prefix: str) -> tuple[int, str]:
+    """(windows per row pool, why) for pack mode."""
+    requested = config.sequence.row_shuffle
+    key = f"{prefix}.sequence.row_shuffle"
+    if requested is False:
+        return 0, f"{key}=false: rows in packing order"
+    if requested == "auto":
+        if not config.shuffle.enabled:
+            return 0, f"rows in packing order ({prefix}.shuffle is off)"
+        windows = max(1, min(ROW_SHUFFLE_MAX_WINDOWS, ROW_SHUFFLE_TOKENS // window_tokens))
+        return windows, f"rows shuffled {windows} window(s) at a time (auto: ~{ROW_SHUFFLE_TOKENS >> 20}M tokens)"
+    windows = 1 if requested is True else int(requested)
+    return windows, f"rows shuffled {windows} window(s) at a time ({key})"
 
 
 def _default_boundaries(length: int) -> list[int]:

@@ -7,7 +7,7 @@ out. `model.fit` takes a dataset, not an iterator, so `PositionLog.attach` puts 
 the very end of the pipeline that strips the position and writes it into a host-side ring buffer,
 indexed by how many elements the consumer has asked for. A consumer asks in order, at most a
 prefetch buffer ahead of the step it computes, so the position after the element a finished step
-consumed last is in the buffer (`after(elements)`): two integers, saved with the checkpoint.
+consumed last is in the buffer (`after(elements)`): three integers, saved with the checkpoint.
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ CAPACITY = 4096  # elements a consumer may run ahead of the step it saves (prefe
 
 
 class PositionLog:
-    """(window, index) of every element taken from one input pipeline's dataset, in host variables."""
+    """(example, chunk, index) of every element taken from one input pipeline's dataset, in host variables."""
 
     def __init__(self) -> None:
         with tf.device("/CPU:0"), tf.init_scope():
             self.taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="position_log_taken")
-            self.log = tf.Variable(tf.zeros([CAPACITY, 2], tf.int64), trainable=False, name="position_log")
+            self.log = tf.Variable(tf.zeros([CAPACITY, 3], tf.int64), trainable=False, name="position_log")
 
     def reset(self) -> None:
         """For a fresh dataset: element numbers count from 0 again."""
@@ -47,13 +47,14 @@ class PositionLog:
         options.experimental_optimization.inject_prefetch = False  # the map must run when the consumer asks
         return logged.with_options(options)
 
-    def after(self, elements: int) -> tuple[int, int]:
-        """(window, outputs of it delivered) once the consumer has used `elements` elements."""
+    def after(self, elements: int) -> tuple[int, int, int]:
+        """(example, chunk where the window starts, outputs of it delivered) once the consumer has used
+        `elements` elements."""
         if elements <= 0:
             raise ValueError("after(0): the position before any element is the one the dataset was built from")
         taken = int(self.taken.numpy())
         if not elements <= taken < elements + CAPACITY:
             raise ConfigError(f"the input position of element {elements} is no longer known ({taken} taken, "
                               f"{CAPACITY} remembered): a consumer ran further ahead than any prefetch buffer should")
-        window, index = self.log[(elements - 1) % CAPACITY].numpy().tolist()
-        return int(window), int(index) + 1
+        example, chunk, index = self.log[(elements - 1) % CAPACITY].numpy().tolist()
+        return int(example), int(chunk), int(index) + 1

@@ -7,10 +7,13 @@ the resume position that bucket and pack share are here, with `PackRows`.)
     Bucket(["tokens"], 4096, lengths={"tokens": 1024}, bucket_lengths=[128, 256, 512, 1024], global_batch_size=64)
     PackRows(["tokens"], 1024, lengths={"tokens": 1024})   # rows, then a Batch of rows
 
-Windowed stages (bucket, pack) take `window` consecutive examples of the stream, place them, and
-emit their outputs; each output carries `_window` (the window's index in the stream) and `_index`
-(its place among the window's outputs). Window w starts at example w × window, so a resume needs
-only (w, outputs of w delivered): `apply(position=w × window, skip=k)` rebuilds from there.
+Windowed stages (bucket, pack) take `window` consecutive items of the stream, place them, and emit
+their outputs; each output carries its resume position (`stages.POSITION_KEYS`): the stream position
+(example, chunk) where its window starts, and its index among the window's outputs. A resume needs
+only those three integers: `apply(position=example, chunk=chunk, skip=k)` rebuilds from there.
+Bucket windows are `window` examples (each cut to `length` first, so a window holds at most
+window × length tokens); pack windows are `window` chunks of at most `length` tokens
+(`chunking`), and the rows of `row_shuffle` consecutive windows leave in a seeded permutation.
 Token id 0 is a real token: a mask (pad, bucket) or a segment id (pack) marks padding, never a value.
 """
 from __future__ import annotations
@@ -21,13 +24,14 @@ from typing import Any, Mapping, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
-from tpu_pipeline.pipeline.packing import ROW, Pack
-from tpu_pipeline.pipeline.stages import POSITION_KEYS, per_replica_batch_size
+from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream
+from tpu_pipeline.pipeline.packing import Pack
+from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields
 
 Features = dict[str, Any]
-WINDOW_KEY, INDEX_KEY = POSITION_KEYS  # the resume position every windowed output carries (int32: it may
-# travel to a TPU with its batch, which takes no int64; 2**31 windows are far more than any run reads)
+INDEX_KEY = "_index"  # an output's place among its window's outputs (stages.POSITION_KEYS)
 EXAMPLE_MASK = "example_mask"  # bucket mode: 1 for a real example, 0 for a padding one (an empty example is real)
 
 
@@ -119,7 +123,7 @@ class Windowed:
     """Base of bucket and pack: windows of examples → each window's outputs, numbered for resume.
 
     A subclass gives `place(numbered_windows, context)`: a dataset of (window index, window
-    features) → the outputs, each with `WINDOW_KEY` and `INDEX_KEY`.
+    features) → the outputs, each with the position keys (`stages.position_fields`).
     """
 
     keys: Sequence[str]
@@ -133,21 +137,22 @@ class Windowed:
     def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         raise NotImplementedError
 
-    uses_position = True  # a Pipeline passes the elements delivered before this stage (a resume)
+    uses_position = True  # a Pipeline passes the examples delivered before this stage (a resume)
 
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0,
-              skip: int = 0) -> tf.data.Dataset:
-        """`position`: elements of `dataset` delivered before (examples, or whole windows when the
-        elements already are windows: ragged batches from a batched parse); it must fall on a window
-        boundary. `skip`: outputs of the first window delivered before."""
+              chunk: int = 0, skip: int = 0) -> tf.data.Dataset:
+        """`position`: examples of the stream delivered before (where the window to rebuild starts);
+        it must fall on a window boundary. `chunk`: chunks of that example already placed (pack
+        mode); `skip`: outputs of the first window delivered before."""
         self.check_features(dataset.element_spec)
+        if position % self.window:
+            raise ValueError(f"a bucket window resumes at a window boundary: {position} is not a multiple of "
+                             f"{self.window}")
+        first = position // self.window
         if _is_window(dataset.element_spec, self.keys):
-            windows, first = dataset, position
+            windows = dataset
         else:
-            if position % self.window:
-                raise ValueError(f"a windowed stage resumes at a window boundary: {position} is not a multiple of "
-                                 f"{self.window}")
-            windows, first = window_of(dataset, self.window, self.keys), position // self.window
+            windows = window_of(dataset, self.window, self.keys)
         # One number per window (not per example): a zip costs per element.
         numbered = tf.data.Dataset.zip((tf.data.Dataset.range(first, 1 << 62), windows))
         placed = self.place(numbered, context)
@@ -161,35 +166,63 @@ def _is_window(spec: Mapping[str, Any], keys: Sequence[str]) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class PackRows(Windowed):
-    """Pack mode as a windowed stage: each window packed by `packing.pack_window` (in a parallel map:
-    windows are independent), its rows leaving in order, each numbered (`_window`, `_index` = its row)."""
+    """Pack mode: the stream cut into chunks of at most `length` (`chunking.chunk_stream`), windows of
+    `window` chunks packed by `packing.pack_window` (in a parallel map: windows are independent), and
+    the rows of `row_shuffle` consecutive windows (a pool) permuted by a seed of the seed tree
+    (`seeds.ROW_SHUFFLE`, folded with the pool's first (example, chunk)).
+
+    Why the shuffle: first-fit-decreasing places a window's largest items first, so without it a
+    long document's chunks fill consecutive rows and a batch holds one or two documents. Why pools
+    of whole windows: the rows of a pool are a pure function of its first (example, chunk), so a
+    resume rebuilds the pool and skips what it delivered (at most one pool replayed, three integers
+    saved), never a buffer. Memory: a pool holds at most row_shuffle × window × length tokens per key.
+    `row_shuffle=0`: rows leave in packing order (evaluation).
+    """
 
     lengths: Mapping[str, int] = dataclasses.field(default_factory=dict)
     algorithm: str = "first_fit_decreasing"
     overflow: str = "error"
     num_parallel_calls: Any = "autotune"
+    row_shuffle: int = 0  # windows whose rows are permuted together; 0: rows in packing order
+    seed: int = 0
 
     def _packer(self, windows_given: bool = True) -> Pack:
-        return Pack(dict(self.lengths), None if windows_given else self.window, self.algorithm, self.overflow,
-                    metadata=True)
+        return Pack(dict(self.lengths), None if windows_given else self.window, self.algorithm, self.overflow)
 
     def check_features(self, spec: Mapping[str, Any]) -> None:
         # One line naming a feature that would ride along in a row, or a missing or misshapen key.
         given = all(key in spec for key in self.keys) and _is_window(spec, self.keys)
         self._packer(given).check_spec(spec)
 
-    def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
-        packer = self._packer()
+    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0,
+              chunk: int = 0, skip: int = 0) -> tf.data.Dataset:
+        self.check_features(dataset.element_spec)
+        keys = list(self.keys)
+        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, position, chunk)
+        packer = dataclasses.replace(self._packer(), overflow="truncate")  # chunks fit their rows already
 
-        def pack(index: tf.Tensor, window: Features) -> Features:
-            rows = packer.pack(window)
-            meta = {WINDOW_KEY: tf.fill(tf.shape(rows[ROW]), tf.cast(index, tf.int32)), INDEX_KEY: tf.cast(rows[ROW], tf.int32)}
-            return {**{k: v for k, v in rows.items() if not k.startswith("_")}, **meta}
+        def pack(window: Features) -> Features:
+            rows = packer.pack({key: window[key] for key in keys})
+            return {**rows, EXAMPLE: window[EXAMPLE][0], CHUNK: window[CHUNK][0]}
 
         calls = tune(self.num_parallel_calls)
+        windows = chunks.rebatch(self.window)
         packed = (windows.map(pack, name="pack") if calls == 1 else
                   windows.map(pack, num_parallel_calls=calls, name="pack"))
-        return packed.unbatch()
+        pipeline = context.input_pipeline_id
+
+        def pool(windows: Features) -> Features:
+            rows = {key: value.values for key, value in windows.items() if key not in (EXAMPLE, CHUNK)}
+            example, first_chunk = windows[EXAMPLE][0], windows[CHUNK][0]
+            count = tf.shape(rows[keys[0]])[0]
+            if self.row_shuffle:
+                seed = seeds.key(self.seed, seeds.ROW_SHUFFLE, pipeline, example, first_chunk)
+                order = tf.random.experimental.stateless_shuffle(tf.range(count), seed=seed)
+                rows = {key: tf.gather(value, order) for key, value in rows.items()}
+            return {**rows, **position_fields(example, first_chunk, tf.range(count))}
+
+        pools = packed.ragged_batch(max(1, self.row_shuffle)).map(pool, name="row_pool").unbatch()
+        return pools.skip(skip) if skip else pools
 
 
 def bucket_batches(bucket_lengths: Sequence[int], global_batch_size: int, context: tf.distribute.InputContext,
@@ -227,7 +260,7 @@ class Bucket(Windowed):
     def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         def one_window(index: tf.Tensor, features: Features) -> tf.data.Dataset:
             outputs = self.outputs(features, context).enumerate()
-            return outputs.map(lambda i, out: {**out, WINDOW_KEY: tf.cast(index, tf.int32), INDEX_KEY: tf.cast(i, tf.int32)})
+            return outputs.map(lambda i, out: {**out, **position_fields(index * self.window, 0, i)})
 
         return windows.flat_map(one_window)
 

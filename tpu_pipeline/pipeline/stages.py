@@ -287,12 +287,26 @@ class Batch:
                              deterministic=self.deterministic)
 
 
-POSITION_KEYS = ("_window", "_index")  # a windowed stage's resume position, carried beside the features
+# A windowed stage's resume position, carried beside the features of each output: the stream position
+# (example, chunk) where the output's window (pack: its pool of rows) starts, and the output's index in
+# it. int32 fields (a position may travel to a TPU with its batch, which takes no int64), the example
+# number in two halves: a long run of short examples passes 2**31 of them.
+POSITION_KEYS = ("_example_hi", "_example", "_chunk", "_index")
+_HALF = 1 << 31
+
+
+def position_fields(example: tf.Tensor, chunk: tf.Tensor, index: tf.Tensor) -> Features:
+    """The position keys of outputs numbered `index` (a vector) of the window starting at (example, chunk)."""
+    example = tf.cast(example, tf.int64)
+    ones = tf.ones_like(index, tf.int32)
+    return {"_example_hi": tf.cast(example // _HALF, tf.int32) * ones, "_example": tf.cast(example % _HALF, tf.int32) * ones,
+            "_chunk": tf.cast(chunk, tf.int32) * ones, "_index": tf.cast(index, tf.int32)}
 
 
 def last_position(position: Features) -> tf.Tensor:
-    """int64 [window, index] of the last output in an element's position (a batch of rows carries one per row)."""
-    return tf.stack([tf.cast(tf.reshape(position[key], [-1])[-1], tf.int64) for key in POSITION_KEYS])
+    """int64 [example, chunk, index] of the last output in an element's position (a batch of rows carries one per row)."""
+    hi, lo, chunk, index = (tf.cast(tf.reshape(position[key], [-1])[-1], tf.int64) for key in POSITION_KEYS)
+    return tf.stack([hi * _HALF + lo, chunk, index])
 
 
 def split_position(features: Features) -> tuple[Features, Features]:
