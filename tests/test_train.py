@@ -65,7 +65,8 @@ def test_eight_replica_training_with_steps_per_execution_4(small_demo, tmp_path)
     # training accuracy ends above chance (0.25 for 4 classes; 0.36-0.38 measured) and above epoch 1's.
     assert history["accuracy"][-1] > max(0.3, history["accuracy"][0]), history
     progress = [line for line in lines if line.startswith("step ")]
-    assert progress and all("examples/s | waiting for input" in line for line in progress)
+    assert progress and all("examples/s | waiting for input" in line for line in progress[1:])
+    assert "the first step of a run holds tracing and compilation, and is not timed" in progress[0]  # one execution
     _check_throughput(metrics, progress, [when for when, line in stamped if line.startswith("step ")])
     assert [line.split()[1] for line in progress][:2] == ["4/24", "8/24"]  # one line per execution of 4 steps
     epochs = [line for line in lines if line.startswith("epoch ")]
@@ -85,18 +86,22 @@ def test_eight_replica_training_with_steps_per_execution_4(small_demo, tmp_path)
 def _check_throughput(metrics: dict, progress: list[str], printed_at: Optional[list[float]] = None) -> None:
     """examples_per_sec and input_wait_fraction against the progress lines they summarize.
 
-    Both are totals over the logged intervals after the first (which holds tracing), so each lies
-    between the smallest and the largest of those intervals' printed values (rounded to units
-    and percent). The timed steps ran within train_seconds, which bounds the rate from below.
-    `printed_at`: when each progress line was printed, by the test's own clock. The timed intervals
-    run from one line to the next, so the rate is also the timed examples over that span.
+    Both count the training steps only (time from a step's start to its end, the first step of the
+    run left out: tracing, compilation), and every progress line covers the steps since the one
+    before, so each total lies between the smallest and the largest of the lines' printed values
+    (rounded to units and percent). Validation, saves and logging happen between steps, so the rate
+    is at least the examples over the wall time from the first line to the last (`printed_at`:
+    when each line was printed, by the test's own clock) and over train_seconds.
     """
     intervals = []  # (step, examples/s, % waiting) from 'step 8/24 loss ... | 1,619 examples/s | waiting for input 3% of step time'
     for line in progress:
+        if "is not timed" in line:
+            intervals.append((int(line.split()[1].split("/")[0]), None, None))
+            continue
         head, speed, wait = line.split(" | ")
         step = int(head.split()[1].split("/")[0])
         intervals.append((step, float(speed.split()[0].replace(",", "")), float(wait.split()[3].rstrip("%"))))
-    timed = intervals[1:]
+    timed = [interval for interval in intervals if interval[1] is not None]
     assert timed, progress
     rate, wait = metrics["examples_per_sec"], 100 * metrics["input_wait_fraction"]
     assert min(r for _, r, _ in timed) - 1 <= rate <= max(r for _, r, _ in timed) + 1, (rate, progress)
@@ -104,7 +109,7 @@ def _check_throughput(metrics: dict, progress: list[str], printed_at: Optional[l
     timed_examples = (intervals[-1][0] - intervals[0][0]) * metrics["global_batch_size"]
     assert rate >= timed_examples / metrics["train_seconds"], (rate, metrics)
     if printed_at is not None:
-        assert rate == pytest.approx(timed_examples / (printed_at[-1] - printed_at[0]), rel=0.1), (rate, progress)
+        assert rate >= 0.99 * timed_examples / (printed_at[-1] - printed_at[0]), (rate, progress)
 
 
 def _train_cli(config_path: str, *extra: str, env: dict) -> subprocess.Popen:

@@ -13,11 +13,61 @@ from tpu_pipeline.train.preemption import PreemptionFlag
 from tpu_pipeline.train.run_files import RunFiles
 
 
-class ProgressLogger(tf_keras.callbacks.Callback):
-    """Every `every` steps: step, loss, accuracy, examples/s and the share of time spent waiting for input.
+class StepClock:
+    """Cumulative time spent in training steps, and what those steps trained.
 
-    The share comes from an InputWaitMeter on the training pipeline: seconds its consumer blocked,
-    divided by wall time. Near 0: the accelerator is fed. Near 1: the input pipeline sets the speed.
+    A step's time runs from Keras's `on_train_batch_begin` to its `on_train_batch_end` (input
+    waits included: the step fetches its batch); what happens between steps is not in it:
+    validation at an epoch's end, checkpoint saves, logging, start-up. The first step of each
+    `fit` call is left out too (tracing and XLA compilation, the input pipeline's first fill).
+    Tokens (a TokenMeter) and input waits (an InputWaitMeter) are read at each step's end and
+    each step is given what arrived since the previous step's end: a prefetch buffer's fill
+    between steps is counted with the next step that consumes from it.
+    """
+
+    def __init__(self, meter: Optional[InputWaitMeter] = None, tokens: Optional[Any] = None) -> None:
+        self.meter = meter
+        self.tokens = tokens
+        self.seconds = 0.0  # in the timed steps
+        self.steps = 0
+        self.real = 0  # real tokens delivered to the timed steps (token data only)
+        self.slots = 0
+        self.wait = 0.0  # seconds of those steps spent waiting for input
+        self._previous: Optional[tuple[int, int, int, float]] = None  # (step, real, slots, wait) at the last step's end
+        self._began = 0.0
+
+    def snapshot(self) -> tuple[float, int, int, int, float]:
+        return self.seconds, self.steps, self.real, self.slots, self.wait
+
+    def fit_begins(self) -> None:
+        self._previous = None  # the next step is the first of a fit call: not timed
+
+    def step_begins(self) -> None:
+        self._began = time.perf_counter()
+
+    def step_ends(self, step: int) -> None:
+        ended = time.perf_counter()
+        real, slots = (int(self.tokens.real.numpy()), int(self.tokens.slots.numpy())) if self.tokens is not None else (0, 0)
+        wait = self.meter.totals()[0] if self.meter is not None else 0.0
+        if self._previous is not None:
+            last_step, last_real, last_slots, last_wait = self._previous
+            self.seconds += ended - self._began
+            self.steps += step - last_step
+            self.real += real - last_real
+            self.slots += slots - last_slots
+            self.wait += wait - last_wait
+        self._previous = (step, real, slots, wait)
+
+
+class ProgressLogger(tf_keras.callbacks.Callback):
+    """Every `every` steps: step, metrics, examples/s (token data: tokens/s and non-padding) and the
+    share of step time spent waiting for input; one line per epoch; the run's totals for metrics.json.
+
+    Every rate it prints or returns has one meaning: what the timed training steps trained, divided
+    by the time spent in them (`StepClock`: no validation, checkpoint, logging, start-up or first-step
+    compilation time). So the final figure is the weighted mean of the epochs' and intervals' figures.
+    The wait share comes from an InputWaitMeter on the training pipeline: near 0, the accelerator is
+    fed; near 1, the input pipeline sets the speed.
     """
 
     def __init__(self, global_batch_size: int, every: int, meter: Optional[InputWaitMeter] = None,
@@ -31,71 +81,48 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         self.meter = meter
         self.total_steps = total_steps
         self.printer = printer
-        self.timed_seconds = 0.0  # wall time after the first interval (which includes tracing)
-        self.timed_steps = 0
-        self.timed_wait = 0.0
-        self._mark: Optional[tuple[float, int, float]] = None
-        self._intervals = 0
+        self.clock = StepClock(meter, tokens)
+        self._mark: Optional[tuple[int, tuple[float, int, int, int, float]]] = None  # (step, clock) at the last line
+        self._epoch_mark = self.clock.snapshot()
 
     def _step(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
 
-    def _wait(self) -> float:
-        return self.meter.totals()[0] if self.meter is not None else 0.0
-
-    def _token_counts(self) -> tuple[int, int]:
-        """(real tokens, token slots) the training pipeline has delivered so far; (0, 0) without a meter."""
+    def _since(self, mark: tuple[float, int, int, int, float]) -> str:
+        """The rate and input wait of the timed steps since `mark` (a clock snapshot)."""
+        seconds, steps, real, slots, wait = (now - then for now, then in zip(self.clock.snapshot(), mark))
+        if seconds <= 0:
+            return "no rate yet: the first step of a run holds tracing and compilation, and is not timed"
         if self.tokens is None:
-            return 0, 0
-        return int(self.tokens.real.numpy()), int(self.tokens.slots.numpy())
-
-    def _rate(self, steps: int, seconds: float, tokens_since: Optional[tuple[int, int]]) -> str:
-        """examples/s, or for token data: real tokens/s and the non-padding share of the slots."""
-        if self.tokens is None or tokens_since is None:
-            return f"{steps * self.global_batch_size / seconds:,.0f} examples/s"
-        real, slots = (now - then for now, then in zip(self._token_counts(), tokens_since))
-        return f"{real / seconds:,.0f} tokens/s, non-padding {real / max(slots, 1):.3f}"
+            rate = f"{steps * self.global_batch_size / seconds:,.0f} examples/s"
+        else:
+            rate = f"{real / seconds:,.0f} tokens/s, non-padding {real / max(slots, 1):.3f}"
+        return f"{rate} | waiting for input {100 * wait / seconds:.0f}% of step time"
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
-        self._mark = (time.perf_counter(), self._step(), self._wait())
-        self._tokens_mark = self._token_counts()
-        if not hasattr(self, "_first_tokens"):  # a resumed epoch's fit call and the next share one count
-            self._first_tokens = self._tokens_mark
+        self.clock.fit_begins()
+        self._mark = (self._step(), self.clock.snapshot())
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
+        self.clock.step_begins()
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
-        self._last_batch_end = time.perf_counter()  # an epoch's rate ends here, before its validation
         step = self._step()
-        started, last_step, last_wait = self._mark
+        self.clock.step_ends(step)
+        last_step, mark = self._mark
         if step - last_step < self.every:
             return
-        seconds, wait = time.perf_counter() - started, self._wait() - last_wait
-        steps = step - last_step
-        self._intervals += 1
-        if self._intervals > 1:  # the first interval holds graph tracing and compilation
-            self.timed_seconds += seconds
-            self.timed_steps += steps
-            self.timed_wait += wait
         logs = logs or {}
         total = f"/{self.total_steps}" if self.total_steps else ""
         metrics = " ".join(f"{k} {v:.4f}" for k, v in logs.items() if isinstance(v, (int, float)) and k != "cross_entropy")
-        if self._intervals == 1:
-            self._first_tokens = self._token_counts()  # tokens/s leaves out the interval with the tracing
-        self.printer(
-            f"step {step}{total} {metrics} | {self._rate(steps, seconds, self._tokens_mark)}"
-            f" | waiting for input {100 * wait / seconds:.0f}% of step time"
-        )
-        self._mark = (time.perf_counter(), step, self._wait())
-        self._tokens_mark = self._token_counts()
+        self.printer(f"step {step}{total} {metrics} | {self._since(mark)}")
+        self._mark = (step, self.clock.snapshot())
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
-        self._epoch_mark = (time.perf_counter(), self._step(), self._wait())
-        self._epoch_tokens = self._token_counts()
+        self._epoch_mark = self.clock.snapshot()
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
-        """One Keras-style line per epoch: train and validation metrics, examples/s, input wait."""
-        started, first_step, first_wait = getattr(self, "_epoch_mark", (time.perf_counter(), self._step(), self._wait()))
-        seconds = max(getattr(self, "_last_batch_end", time.perf_counter()) - started, 1e-9)
-        steps = self._step() - first_step
+        """One Keras-style line per epoch: train and validation metrics, the rate and input wait of its steps."""
         logs = logs or {}
         shown = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "cross_entropy"}
         if "val_cross_entropy" in shown:  # the exact validation loss (Keras's val_loss counts padding)
@@ -105,23 +132,26 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         total = f"/{self.epochs_total}" if self.epochs_total else ""
         line = f"epoch {epoch + 1}{total}: {train}"
         line += f" | {validation}" if validation else ""
-        line += f" | {self._rate(steps, seconds, getattr(self, '_epoch_tokens', None))}"
-        line += f" | waiting for input {100 * (self._wait() - first_wait) / seconds:.0f}%"
-        self.printer(line)
+        self.printer(f"{line} | {self._since(self._epoch_mark)}")
+
+    def step_seconds(self) -> float:
+        """Seconds spent in the timed training steps (metrics.json's step_seconds)."""
+        return self.clock.seconds
 
     def examples_per_second(self) -> Optional[float]:
-        if not self.timed_seconds:
+        """Rows (examples) of the timed steps per second of them; None before any timed step."""
+        if not self.clock.seconds:
             return None
-        return self.timed_steps * self.global_batch_size / self.timed_seconds
+        return self.clock.steps * self.global_batch_size / self.clock.seconds
 
     def tokens_per_second(self) -> Optional[float]:
-        """Real tokens per second after the first logging interval (which holds the tracing)."""
-        if self.tokens is None or not self.timed_seconds:
+        """Real tokens trained in the timed steps per second of them (padding not counted)."""
+        if self.tokens is None or not self.clock.seconds:
             return None
-        return (self._token_counts()[0] - self._first_tokens[0]) / self.timed_seconds
+        return self.clock.real / self.clock.seconds
 
     def input_wait_fraction(self) -> Optional[float]:
-        return self.timed_wait / self.timed_seconds if self.timed_seconds else None
+        return self.clock.wait / self.clock.seconds if self.clock.seconds else None
 
 
 class Checkpointer(tf_keras.callbacks.Callback):
