@@ -1,14 +1,16 @@
 """`tpu-pipeline COMMAND [--flags] [key=value ...]`: one absl app with subcommands.
 
 Positional `key=value` arguments override any config key (e.g. `data.batch_size=256`).
-A TpuPipelineError is printed as one clear message (exit 2), never as a stack trace.
+A TpuPipelineError is printed as one clear message (exit 2), never as a stack trace; so is
+Ctrl-C (exit 130): one line saying what the command kept (a command module's `interrupted()`
+says it: train its last checkpoint, convert its finished shards; the others wrote nothing).
 """
 from __future__ import annotations
 
 import importlib
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 _USER_SET_TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL" in os.environ
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -111,8 +113,34 @@ def _unknown_flag(args: Sequence[str]) -> str | None:
     return None
 
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a process stopped by Ctrl-C
+NOTHING_KEPT = "nothing was written (this command writes its results only when it finishes)"
+
+
+def interrupted_line(name: str, module: Any = None) -> str:
+    """The one line a Ctrl-C prints: what the command kept, from its module's `interrupted()`
+    (train: the last checkpoint; convert: the finished shards), else that nothing was written."""
+    kept = None
+    report = getattr(module, "interrupted", None)
+    if report is not None:
+        try:
+            kept = report()
+        except Exception as error:  # the line must come out whatever state the command was left in
+            kept = f"(could not tell what was kept: {error})"
+    return f"tpu-pipeline {name}: interrupted (Ctrl-C): {kept or NOTHING_KEPT}"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
+    name = argv[1] if len(argv) > 1 else "?"
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # before the command ran (start-up: TensorFlow's import takes seconds)
+        print(f"tpu-pipeline {name}: interrupted (Ctrl-C) while starting: {NOTHING_KEPT}", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+
+
+def _main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
         print(_usage())
         sys.exit(0 if len(argv) >= 2 else 2)
@@ -143,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         except TpuPipelineError as error:
             print(f"tpu-pipeline {name}: error: {error}", file=sys.stderr)
             sys.exit(2)
+        except KeyboardInterrupt:
+            sys.stdout.flush()
+            print(interrupted_line(name, sys.modules.get(COMMANDS[name][0])), file=sys.stderr)
+            sys.exit(INTERRUPTED_EXIT)
 
     app.run(run, argv=[f"tpu-pipeline {name}"] + argv[1:])
 

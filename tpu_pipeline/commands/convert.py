@@ -119,6 +119,16 @@ def run(overrides: Sequence[str]) -> int:
     return 0
 
 
+def interrupted() -> str:
+    """What a Ctrl-C left in --out (the CLI prints it as one line): the finished shards, kept for the
+    same command to reuse; a half-written shard is a temporary file that the next run deletes."""
+    from tpu_pipeline.records.convert import interrupted_state
+
+    if not FLAGS.out:
+        return ""
+    return interrupted_state(FLAGS.out)
+
+
 def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, already_complete: bool) -> str:
     """What was written, what was skipped, and the config lines that read it."""
     if already_complete:

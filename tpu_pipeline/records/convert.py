@@ -183,6 +183,24 @@ def _convert_locked(source: ConvertSource, out_dir: str, options: ConvertOptions
     return ConvertResult(out_dir, metadata, written, len(done))
 
 
+def interrupted_state(out_dir: str) -> str:
+    """What an interrupted convert left in `out_dir`, in words: its finished shards (kept, and reused by
+    the same command run again), or a finished dataset, or nothing."""
+    if "://" not in out_dir:
+        out_dir = local_path(out_dir, absolute=True)
+    if read_metadata(out_dir) is not None:
+        return f"{out_dir} holds the finished dataset (metadata.json): nothing is lost"
+    state = tf.io.gfile.join(out_dir, STATE_DIR)
+    plan_path = tf.io.gfile.join(state, PLAN_FILE)
+    if not tf.io.gfile.exists(plan_path):
+        return f"no shard was finished, nothing kept in {out_dir}; run the same command again to convert"
+    plan = _read_json(plan_path)
+    done = _done_shards(out_dir, state, plan)
+    total = sum(len(entry["files"]) for entry in plan["splits"].values())
+    return (f"{len(done)} of {total} shard(s) finished and kept in {state}; run the same command again to "
+            "write the rest (no metadata.json yet, so nothing reads it as a dataset)")
+
+
 def _finished_dataset(out_dir: str, key: str, options: ConvertOptions) -> Optional[dict[str, Any]]:
     """The metadata when `out_dir` already holds this very dataset; raises if it holds another."""
     existing = read_metadata(out_dir)
