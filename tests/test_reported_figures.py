@@ -211,3 +211,28 @@ def test_the_training_loss_train_reports_is_nats_per_real_token(trained):
     metrics, expected = trained["metrics"], _last_epoch(trained)
     assert metrics["loss"] == pytest.approx(expected["cross_entropy"], rel=1e-4), (metrics["loss"], expected)
     assert metrics["history"]["loss"][-1] == metrics["loss"]
+
+
+def test_evaluation_figures_on_eight_replicas_count_each_document_once(trained, eight_replica_strategy):
+    """train's evaluation as on an 8-core TPU: the exact pass (packed rows, the last batch padded
+    with empty rows) through `model.evaluate` over 8 replicas, whose metric totals are summed across replicas."""
+    from tpu_pipeline.config.model import ModelConfig
+    from tpu_pipeline.model import build_model
+    from tpu_pipeline.pipeline import Pipeline
+
+    length = trained["length"]
+    section = lm_config(trained["data_dir"], "unused", length=length)["eval_data"]
+    section["batch_size"] = 16  # 2 rows a replica: the validation rows fill one step and part of another
+    pipeline = Pipeline.from_config(config_from_dict({"data": section}).data).for_evaluation()
+    config = ModelConfig.from_dict({"architecture": "transformer", "optimizer": {"name": "adam"},
+                                    "schedule": {"name": "constant", "learning_rate": 0.001},
+                                    "transformer": {"width": 32, "depth": 1, "heads": 2, "dropout": 0.0}})
+    shapes = {"inputs": [length], "inputs_segment_ids": [length], "inputs_positions": [length]}
+    tf.keras.utils.set_random_seed(1)
+    model = build_model(config, strategy=eight_replica_strategy, kind="cpu", input_shape=shapes, num_classes=VOCAB,
+                        steps_per_epoch=None, epochs=1, task="language_model", byte_offset=BYTE_OFFSET)
+    got = model.evaluate(pipeline.distribute(eight_replica_strategy), steps=pipeline.evaluation_steps(8),
+                         verbose=0, return_dict=True)
+    expected = _per_document(model, _records(trained["data_dir"], "validation"), length)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-4), name
