@@ -233,6 +233,31 @@ class OutputsConfig(StrictModel):
     )
 
 
+# What each data.sequence mode adds beside a key (pipeline/sequence.py makes them; model/transformer.py
+# reads them by these names).
+SEQUENCE_INPUTS = {"pack": ("_segment_ids", "_positions"), "pad": ("_mask",), "bucket": ("_mask",)}
+EXAMPLE_MASK = "example_mask"  # bucket mode: 0 on the examples that fill a bucket's last batches
+
+
+def derived_outputs(sequence: Optional[SequenceConfig], task: str) -> Optional[OutputsConfig]:
+    """The outputs a language model takes from a data.sequence pipeline, when the config gives none.
+
+    The target key is `targets` (what {op: lm_shift} writes), else the last of sequence.keys; every
+    other key is an input, with what its mode adds: pack → its segment ids and positions; pad and
+    bucket → its mask. The weights leave padding out: the targets' segment ids (pack) or mask (pad),
+    and in bucket mode also `example_mask` (the filler examples of a bucket's last batches). None for
+    a classifier (its label is the user's to name) or a single key (nothing to predict it from)."""
+    if sequence is None or task != "language_model" or len(sequence.keys) < 2:
+        return None
+    target = "targets" if "targets" in sequence.keys else sequence.keys[-1]
+    suffixes = SEQUENCE_INPUTS[sequence.mode]
+    inputs = [name for key in sequence.keys if key != target for name in (key, *(key + s for s in suffixes))]
+    weights: list[str] = [target + suffixes[0]]
+    if sequence.mode == "bucket":
+        weights.insert(0, EXAMPLE_MASK)
+    return OutputsConfig(inputs=inputs, targets=target, weights=weights[0] if len(weights) == 1 else weights)
+
+
 class OptionsConfig(StrictModel):
     """tf.data.Options, by their current (TF 2.16+) names. None leaves TensorFlow's default."""
 

@@ -17,7 +17,7 @@ import yaml
 import pydantic
 
 from tpu_pipeline.config.base import _models_in, validate
-from tpu_pipeline.config.schema import Config
+from tpu_pipeline.config.schema import Config, follow_train_sequence
 from tpu_pipeline.errors import ConfigError
 
 
@@ -209,14 +209,15 @@ def load_config(path: str | Sequence[str] | None = None, overrides: Iterable[str
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
-    """Validates a plain mapping section by section, so each error names its own dotted key."""
+    """Validates a plain mapping section by section, so each error names its own dotted key.
+    eval_data.sequence follows data.sequence where it sets nothing (schema.follow_train_sequence)."""
     unknown = sorted(set(raw) - set(Config.model_fields))
     if unknown:
         raise ConfigError(
             f"unknown config section(s) {', '.join(unknown)}; allowed sections: {', '.join(Config.model_fields)}"
         )
     sections: dict[str, Any] = {}
-    for name, value in raw.items():
+    for name, value in follow_train_sequence(raw).items():
         model = _models_in(Config.model_fields[name].annotation)
         is_model = isinstance(model, type) and issubclass(model, pydantic.BaseModel)
         sections[name] = validate(model, value, prefix=name) if is_model and value is not None else value

@@ -101,6 +101,10 @@ def _element_shape(pipeline: Pipeline, task: str = "classification") -> Union[li
     segment ids and positions); refuses what a model cannot take, in one line naming data.outputs."""
     spec = pipeline.build().element_spec
     if not isinstance(spec, tuple):
+        if task == "language_model":
+            raise ConfigError("data.outputs: a language model trains on (inputs, targets) token pairs: add {op: lm_shift, "
+                              "key: tokens} to data.preprocess and set data.sequence.keys: [inputs, targets] (the "
+                              "outputs follow from them), or set data.outputs {inputs: ..., targets: ..., weights: ...}")
         raise ConfigError("data.outputs: training needs (inputs, targets); set data.outputs {inputs: ..., targets: ...}")
     if task == "language_model":
         _check_language_model_outputs(spec, pipeline)
@@ -122,6 +126,39 @@ def _element_shape(pipeline: Pipeline, task: str = "classification") -> Union[li
             )
         shapes[name] = shape
     return shapes if isinstance(inputs, dict) else shapes[""]
+
+
+def _check_eval_feeds_the_model(config: Config, trained: Union[list[int], dict[str, list[int]]],
+                                eval_pipeline: Pipeline) -> None:
+    """Refuses, before the first step, an evaluation whose inputs the model built for `data` cannot take
+    (other input names, or another fixed length), in one line naming the keys that differ."""
+    spec = eval_pipeline.build().element_spec
+    if not isinstance(spec, tuple):
+        return  # no targets: for_evaluation says so
+    inputs = spec[0] if isinstance(spec[0], dict) else {"": spec[0]}
+    given = {name: leaf.shape.as_list()[1:] for name, leaf in inputs.items() if getattr(leaf, "shape", None) is not None}
+    wanted = trained if isinstance(trained, dict) else {"": trained}
+    data_sequence, eval_sequence = config.data.sequence, config.eval_data.sequence
+    if set(given) != set(wanted):
+        raise ConfigError(
+            f"eval_data.outputs.inputs: evaluation gives the inputs {sorted(given)}, and the model trained on data takes "
+            f"{sorted(wanted)}; leave eval_data.outputs and eval_data.sequence.mode out (they follow data's) or make "
+            "them the same as data's"
+        )
+    for name, shape in wanted.items():
+        if len(given[name]) == len(shape) and all(w is None or g == w for g, w in zip(given[name], shape)):
+            continue
+        where = f"its input {name!r}" if name else "its input"
+        if data_sequence is not None and eval_sequence is not None and data_sequence.lengths() != eval_sequence.lengths():
+            raise ConfigError(
+                f"eval_data.sequence.length={eval_sequence.length}: the model trained on data.sequence.length="
+                f"{data_sequence.length} takes {where} of shape {shape}, not {given[name]}; remove "
+                "eval_data.sequence.length (it follows data.sequence.length) or make the two equal"
+            )
+        raise ConfigError(
+            f"eval_data: {where} has shape {given[name]} per example, and the model trained on data takes {shape}; "
+            "make eval_data's preprocessing give the same shape as data's"
+        )
 
 
 def _check_language_model_outputs(spec: tuple, pipeline: Pipeline) -> None:
@@ -215,6 +252,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     if config.eval_data is not None:
         eval_pipeline = Pipeline.from_config(config.eval_data, target=target, prefix="eval_data",
                                              num_classes=config.train.num_classes, vocab=config_vocabulary(config))
+        _check_eval_feeds_the_model(config, input_shape, eval_pipeline)
         # Exact: every example of one pass once, the last batch padded with zero-weight examples.
         eval_pipeline = eval_pipeline.for_evaluation()
         eval_dataset = eval_pipeline.distribute(cluster.strategy)
