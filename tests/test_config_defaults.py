@@ -139,3 +139,13 @@ def test_an_evaluation_the_model_cannot_take_is_refused_before_the_first_step(tm
                                           r"'inputs_mask'\], and the model trained on data takes \['inputs', "
                                           r"'inputs_positions', 'inputs_segment_ids'\]; leave eval_data\.outputs"):
         train(config_from_dict(raw), printer=lambda line: None)
+
+
+def test_derived_outputs_are_shown_resolved_but_not_as_set():
+    """`tpu-pipeline config` prints what train runs; `--set_only` prints a file to take back, where derived
+    outputs must stay derived (a later change of mode must change them)."""
+    config = load_config(TEXT_LM)
+    assert config.model_dump()["data"]["outputs"] == PACK
+    assert "outputs" not in config.model_dump(exclude_unset=True)["data"]
+    again = load_config(TEXT_LM, ["data.sequence.mode=pad", "data.sequence.overflow=truncate"])
+    assert outputs(again) == PAD

@@ -62,5 +62,7 @@ class Config(StrictModel):
             if outputs is not None:
                 # A copy, so a DataConfig built in Python and passed in is not changed under its owner;
                 # set through __dict__ because assigning on self would validate the whole Config again.
-                self.__dict__[name] = section.model_copy(update={"outputs": outputs})
+                derived = section.model_copy(update={"outputs": outputs})
+                derived.__pydantic_fields_set__.discard("outputs")  # still derived: `config --set_only` leaves it out
+                self.__dict__[name] = derived
         return self
