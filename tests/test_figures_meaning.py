@@ -8,18 +8,29 @@ epochs' printed figures (it is their weighted mean).
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 
+from tpu_pipeline.bench.doctor import ModelRate, model_verdict
+from tpu_pipeline.bench.measure import Measurement, Meter, aggregate, describe
+from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.model import tf_keras
+from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.efficiency import TokenMeter
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train.callbacks import ProgressLogger
 
 BATCH, LENGTH, REAL = 4, 8, 5  # every batch: 4 rows of 8 slots, 5 real tokens per row
 STEPS, EPOCHS, VALIDATION_SLEEP = 5, 3, 0.1
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _no_read_ahead(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -109,3 +120,100 @@ def test_a_line_with_only_the_first_step_says_it_is_not_timed():
     assert "is not timed" in steps[0] and "tokens/s" not in steps[0], steps
     assert all("tokens/s" in line for line in steps[1:]), steps
     assert progress.tokens_per_second() * progress.step_seconds() == pytest.approx(2 * BATCH * REAL)
+
+
+# demo, bench and doctor: one measuring loop, and the output says what its figure covers.
+
+def _token_records(directory, count: int = 200) -> str:
+    rng = np.random.default_rng(0)
+    path = os.path.join(str(directory), "tokens.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for _ in range(count):
+            ids = tf.train.Int64List(value=rng.integers(0, 100, int(rng.integers(10, 60))).tolist())
+            example = tf.train.Example(features=tf.train.Features(feature={"tokens": tf.train.Feature(int64_list=ids)}))
+            writer.write(example.SerializeToString())
+    return path
+
+
+def _packed(files: str, window: int) -> dict:
+    return {"source": {"type": "tfrecord", "files": files},
+            "features": {"tokens": {"dtype": "int64", "kind": "ragged", "cast": "int32"}},
+            "batch_size": 4, "repeat": "forever", "shuffle": {"enabled": False},
+            "sequence": {"keys": ["tokens"], "length": 64, "mode": "pack", "window": window}}
+
+
+def test_the_measurement_counts_new_windows_and_says_when_none_was_placed_while_timed(tmp_path):
+    files = _token_records(tmp_path)
+    small = Pipeline.from_config(config_from_dict({"data": _packed(files, 16)}).data)
+    meter = Meter(small.build(with_position=True))
+    assert meter.positioned and meter.warm_up(2) == 2 and meter.first_batch_seconds > 0
+    runs = [meter.measure(10), meter.measure(10)]
+    assert all(run.windows >= 2 for run in runs), runs  # 16 examples of 10-60 tokens: ~2 batches a window
+    total = aggregate(runs)
+    assert total.tokens_per_sec == pytest.approx(sum(r.real_tokens for r in runs) / sum(r.seconds for r in runs))
+    assert total.windows == sum(r.windows for r in runs) and total.batches == 20
+    said = describe(total, 2, meter.first_batch_seconds)
+    assert f"20 batches in {total.seconds:.2f} s, after 2 warm-up batch(es)" in said
+    assert f"they brought {total.windows} new pack/bucket window(s), so placing windows is in the figure" in said
+
+    large = Pipeline.from_config(config_from_dict({"data": _packed(files, 1024)}).data)  # ~140 batches a window
+    meter = Meter(large.build(with_position=True))
+    meter.warm_up(2)
+    run = meter.measure(10)
+    assert run.windows == 0, run
+    assert "every timed batch came from a pack/bucket window placed before the timing began" in describe(run, 2)
+
+    plain = Meter(Pipeline.from_config(config_from_dict({"data": {**_packed(files, 16), "sequence": {
+        "keys": ["tokens"], "length": 64, "mode": "pad", "overflow": "truncate"}}}).data).build(with_position=True))
+    assert not plain.positioned and plain.measure(3).windows == -1  # pad mode has no windows: nothing said
+
+
+def _measurement(batches_per_sec: float, tokens_per_batch: int = 0) -> Measurement:
+    seconds = 1.0
+    batches = int(batches_per_sec * seconds)
+    return Measurement(examples_per_sec=4 * batches_per_sec, batches_per_sec=batches_per_sec, bytes_per_sec=0.0,
+                       cpu_seconds_per_example=0.0, cores_used=0.0, peak_memory_bytes=0, seconds=seconds,
+                       examples=4 * batches, batches=batches, tokens_per_sec=tokens_per_batch * batches_per_sec,
+                       real_tokens=tokens_per_batch * batches, token_slots=256 * batches if tokens_per_batch else 0)
+
+
+def test_doctor_says_nothing_to_tune_when_the_input_outruns_the_model_and_what_to_do_when_not():
+    model = ModelRate(steps_per_sec=2.0, steps=5, seconds=2.5, warmup_seconds=3.0, device="cpu, 1 replica(s)")
+    ratio, lines = model_verdict(_measurement(50.0, tokens_per_batch=200), model)
+    assert ratio == pytest.approx(25.0)
+    assert lines[0].startswith("model: trains 2.00 steps/s = 400 tokens/s on this host (cpu, 1 replica(s); 5 step(s)")
+    assert lines[1].startswith("verdict: the input pipeline delivers 25.0x what the model consumes on this host: "
+                               "nothing to tune"), lines
+    ratio, lines = model_verdict(_measurement(1.0), model)
+    assert ratio == pytest.approx(0.5) and "= 8 examples/s" in lines[0]
+    assert lines[1].startswith("verdict: the model could take 2.0x what the input pipeline delivers: the input sets "
+                               "the training speed; apply the findings"), lines
+
+
+def test_doctor_on_a_config_with_a_model_times_the_model_and_compares(tmp_path):
+    files = _token_records(tmp_path)
+    data = {**_packed(files, 16), "preprocess": [{"op": "lm_shift", "key": "tokens"}],
+            "sequence": {"keys": ["inputs", "targets"], "length": 64, "mode": "pack", "window": 16},
+            "outputs": {"inputs": ["inputs", "inputs_segment_ids", "inputs_positions"], "targets": "targets",
+                        "weights": "targets_segment_ids"}}
+    config = {"data": data, "model": {"architecture": "transformer", "transformer": {
+        "width": 32, "depth": 1, "heads": 2, "mlp_dim": 64, "vocab_size": 100}},
+        "train": {"task": "language_model", "run_dir": str(tmp_path / "run"), "steps_per_epoch": 10}}
+    path = tmp_path / "config.yaml"
+    yaml.safe_dump(config, open(path, "w"))
+    out = tmp_path / "doctor.json"
+    result = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "doctor", "--config", str(path), "--batches", "5",
+                             "--model_steps", "3", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.load(open(out))
+    model, pipeline = report["model"], report["pipeline"]
+    assert model["steps"] == 3 and model["steps_per_sec"] > 0 and model["device"].startswith("cpu")
+    assert report["input_to_model_ratio"] == pytest.approx(pipeline["batches_per_sec"] / model["steps_per_sec"])
+    verdict = [line for line in result.stdout.splitlines() if line.startswith("verdict: ")]
+    assert len(verdict) == 1 and f"{report['input_to_model_ratio']:,.1f}x" in verdict[0], result.stdout
+    assert any(line.startswith("  measured: the input pipeline alone (no model): 15 batches in ")
+               for line in result.stdout.splitlines()), result.stdout
+    nomodel = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "doctor", "--config", str(path), "--batches", "5",
+                              "--nomodel", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert nomodel.returncode == 0 and "verdict:" not in nomodel.stdout and json.load(open(out))["model"] is None

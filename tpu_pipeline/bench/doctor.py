@@ -28,7 +28,9 @@ from tpu_pipeline.bench.ceilings import (
     Ceilings, InMemoryElements, InMemoryRecords, in_memory_config, measure_ceilings, records_in_memory,
     single_thread_options,
 )
-from tpu_pipeline.bench.measure import Measurement, available_cores, measure, measure_for, summarize
+from tpu_pipeline.bench.measure import (
+    Measurement, Meter, aggregate, available_cores, describe, measure, measure_for, summarize,
+)
 from tpu_pipeline.config.base import validate
 from tpu_pipeline.config.data import DataConfig, ServiceConfig, TFRecordSourceConfig
 from tpu_pipeline.config.loader import apply_overrides
@@ -168,6 +170,45 @@ def _fraction_as(mode: str, lengths: list[int], sequence: Any, config: DataConfi
     return bucket_fraction(lengths, list(sequence.bucket_lengths), sizes, sequence.window)
 
 
+HEADROOM = 2.0  # the input delivers at least this many times what the model consumes: nothing to tune
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRate:
+    """The config's model's training rate on this host with free input (`train.step_rate`), to compare
+    with the input pipeline's: both in global batches (steps) per second."""
+
+    steps_per_sec: float
+    steps: int  # timed
+    seconds: float
+    warmup_seconds: float  # tracing and compilation, not timed
+    device: str  # e.g. "cpu, 1 replica(s)"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def model_verdict(pipeline: Measurement, model: ModelRate) -> tuple[float, list[str]]:
+    """(input batches/s ÷ model steps/s, the lines that say what it means for tuning)."""
+    ratio = pipeline.batches_per_sec / model.steps_per_sec
+    tokens = pipeline.real_tokens / pipeline.batches if pipeline.token_slots and pipeline.batches else None
+    unit = (f" = {model.steps_per_sec * tokens:,.0f} tokens/s" if tokens is not None
+            else f" = {model.steps_per_sec * pipeline.examples / max(pipeline.batches, 1):,.0f} examples/s")
+    lines = [f"model: trains {model.steps_per_sec:,.2f} steps/s{unit} on this host ({model.device}; {model.steps} "
+             f"step(s) timed after {model.warmup_seconds:.1f} s of tracing and compilation, on one batch of this "
+             f"pipeline repeated from memory); the input pipeline delivers {pipeline.batches_per_sec:,.1f} batches/s"]
+    if ratio >= HEADROOM:
+        lines.append(f"verdict: the input pipeline delivers {ratio:,.1f}x what the model consumes on this host: "
+                     "nothing to tune (the findings below would only matter for a model or accelerator that fast)")
+    elif ratio >= 1:
+        lines.append(f"verdict: the input pipeline delivers {ratio:,.2f}x what the model consumes: enough, with little "
+                     "headroom; the findings below would add some")
+    else:
+        lines.append(f"verdict: the model could take {1 / ratio:,.1f}x what the input pipeline delivers: the input "
+                     "sets the training speed; apply the findings below")
+    return ratio, lines
+
+
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
     cores: int
@@ -179,6 +220,9 @@ class Diagnosis:
     findings: list[Finding]
     tuned: Optional[Measurement]
     sequence: Optional[SequenceReport] = None  # data.sequence pipelines: the non-padding fraction, advice
+    warmup: int = 0  # batches before the pipeline's timed runs
+    first_batch_seconds: Optional[float] = None  # the first of them, alone
+    model: Optional[ModelRate] = None  # the config's model on this host (commands/doctor sets it)
 
     @property
     def fraction_of_limit(self) -> float:
@@ -205,6 +249,9 @@ class Diagnosis:
             "tuned": self.tuned.as_dict() if self.tuned else None,
             "tuned_speedup": self.tuned.examples_per_sec / self.pipeline.examples_per_sec if self.tuned else None,
             "sequence": self.sequence.as_dict() if self.sequence else None,
+            "measured": describe(self.pipeline, self.warmup, self.first_batch_seconds),
+            "model": self.model.as_dict() if self.model else None,
+            "input_to_model_ratio": model_verdict(self.pipeline, self.model)[0] if self.model else None,
         }
 
     def table(self) -> str:
@@ -225,10 +272,16 @@ class Diagnosis:
             if c.read_bound else "ceiling (b) read-bound:    n/a",
             f"pipeline as configured:    {self.pipeline.examples_per_sec:,.0f} examples/s = {self.fraction_of_limit:.2f} of the limit, "
             f"{self.pipeline.cores_used:.2f} cores, {self.pipeline.cpu_seconds_per_example * 1e6:.1f} us CPU/example",
-            f"bottleneck: {self.bottleneck}",
+            f"  measured: {describe(self.pipeline, self.warmup, self.first_batch_seconds)}",
         ]
+        enough = False
+        if self.model is not None:  # first: whether the input's own bottleneck matters at all
+            ratio, said = model_verdict(self.pipeline, self.model)
+            lines += said
+            enough = ratio >= HEADROOM
+        lines.append(f"bottleneck{' of the input pipeline' if self.model is not None else ''}: {self.bottleneck}")
         if self.findings:
-            lines.append("findings:")
+            lines.append("findings (not needed on this host, see the verdict):" if enough else "findings:")
             for finding in self.findings:
                 lines.append(f"  - {finding.problem}\n      fix: {' '.join(finding.overrides)}")
         else:
@@ -330,6 +383,8 @@ def findings_for(config: DataConfig, plan: Plan, cores: int) -> list[Finding]:
             "deterministic preprocessing is recomputed every epoch; if its output fits in memory, cache it",
             ("data.cache.enabled=true",),
         ))
+        # Caching the examples spares the file reads too, and the config refuses both caches at once.
+        found = [f for f in found if "data.cache.records=true" not in f.overrides]
     return found
 
 
@@ -369,6 +424,7 @@ def _cycle_findings(config: DataConfig, plan: Plan, cores: int, remote: bool) ->
     return []
 
 
+WARMUP = 5  # batches before the pipeline's timed runs
 MEASURED_GAIN = 1.1  # a proposal that speeds the pipeline up by 10% or more, measured, is the bottleneck
 
 
@@ -430,17 +486,21 @@ def diagnose(
     memory = records_in_memory(config, records)
     stages = stage_costs(config, planned.plan, memory, repeats=repeats)
     ceilings = measure_ceilings(config, cores, records=records, repeats=repeats)
-    pipeline = summarize(measure(planned.build(), batches, warmup=5, repeats=repeats))
+    # Measured as demo and bench measure (bench.measure): all timed batches together, new windows counted.
+    meter = Meter(planned.build(with_position=planned.windowed is not None))
+    pipeline = aggregate(measure(None, batches, warmup=WARMUP, repeats=repeats, meter=meter))
     findings = findings_for(config, planned.plan, cores)
     tuned = None
     if measure_tuned and findings:
-        tuned_config = tune(config, [o for f in findings for o in f.overrides])
-        tuned = summarize(measure(Pipeline.from_config(tuned_config).build(), batches, warmup=5, repeats=repeats))
+        tuned_pipeline = Pipeline.from_config(tune(config, [o for f in findings for o in f.overrides]))
+        tuned = aggregate(measure(None, batches, warmup=WARMUP, repeats=repeats,
+                                  meter=Meter(tuned_pipeline.build(with_position=tuned_pipeline.windowed is not None))))
     fraction = pipeline.examples_per_sec / ceilings.limit
     speedup = tuned.examples_per_sec / pipeline.examples_per_sec if tuned else None
     bottleneck = _name_bottleneck(stages, ceilings, fraction, findings, speedup)
     sequence = sequence_report(config, planned.plan, pipeline)
-    return Diagnosis(cores, planned.plan, pipeline, ceilings, stages, bottleneck, findings, tuned, sequence)
+    return Diagnosis(cores, planned.plan, pipeline, ceilings, stages, bottleneck, findings, tuned, sequence,
+                     warmup=WARMUP, first_batch_seconds=meter.first_batch_seconds)
 
 
 def tune(config: DataConfig, overrides: list[str]) -> DataConfig:

@@ -9,6 +9,16 @@ token slots of the first token key in the same loop: tokens/s (real tokens) and 
 fraction (real / slots); its examples are real examples (pack: the segments of each row, not the
 rows; bucket: not the padding examples that fill a bucket's last batch), so examples/s means one
 thing in every mode and beside the read-bound ceiling (records).
+
+`demo`, `bench` and `doctor` all measure with this loop, so their figures mean the same thing: the
+input pipeline alone (no model, no accelerator), over the timed batches after a warm-up on the same
+iterator. `aggregate` gives one figure over several runs as their sum over their time (a median of
+short runs hides the rare slow batch, e.g. a pack or bucket window being placed). A windowed
+pipeline (data.sequence pack or bucket) built with `with_position=True` also reports how many
+new windows the timed batches brought: a window is placed all at once, then its rows stream out
+of memory, so batches that all come from windows placed before the timing leave the placing out
+(`describe` says so). The warm-up's first batch is timed alone (`Meter.first_batch_seconds`):
+start-up, the first file reads and the first window.
 """
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ import psutil
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.efficiency import real_and_slots, real_examples, sequence_keys
+from tpu_pipeline.pipeline.stages import POSITION_KEYS, last_position
 from tpu_pipeline.system import available_cores  # noqa: F401  (re-exported for callers)
 
 
@@ -39,6 +50,7 @@ class Measurement:
     tokens_per_sec: float = 0.0  # real tokens of the first token key (data.sequence pipelines; else 0)
     real_tokens: int = 0
     token_slots: int = 0  # all positions of that key: real_tokens / token_slots is the non-padding fraction
+    windows: int = -1  # windows first seen in the timed batches (pack, bucket); -1: not measured
 
     @property
     def non_padding_fraction(self) -> Optional[float]:
@@ -48,6 +60,8 @@ class Measurement:
     def as_dict(self) -> dict[str, Any]:
         """Every field; the token fields (and `non_padding_fraction`) only for a pipeline with token keys."""
         fields = dataclasses.asdict(self)
+        if self.windows < 0:
+            fields.pop("windows")
         if not self.token_slots:
             return {k: v for k, v in fields.items() if k not in TOKEN_FIELDS}
         return {**fields, "non_padding_fraction": self.non_padding_fraction}
@@ -71,18 +85,40 @@ def _bytes(element: Any) -> tf.Tensor:
     return total
 
 
+def _window_key(position: Any) -> tf.Tensor:
+    """What names the window of an element's last output: its position without the index in the window."""
+    return last_position(position)[:-1]
+
+
+def _later(key: tf.Tensor, than: tf.Tensor) -> tf.Tensor:
+    """Whether window `key` comes after `than` in the stream (lexicographic, int64 vectors)."""
+    diff = key - than
+    first = tf.argmax(tf.cast(tf.not_equal(diff, 0), tf.int32))
+    return tf.reduce_any(tf.not_equal(diff, 0)) & (tf.gather(diff, first) > 0)
+
+
 @tf.function
-def _consume(iterator: Any, batches: tf.Tensor, tokens: bool) -> tuple[tf.Tensor, ...]:
+def _consume(iterator: Any, batches: tf.Tensor, tokens: bool, positioned: bool,
+             latest: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """Takes up to `batches` batches; returns what they held and, for a positioned stream, how many
+    windows later than `latest` (the latest window seen so far) they brought, and the latest then."""
     examples = tf.constant(0, tf.int64)
     num_bytes = tf.constant(0, tf.int64)
     done = tf.constant(0, tf.int64)
     real = tf.constant(0, tf.int64)
     slots = tf.constant(0, tf.int64)
+    windows = tf.constant(0, tf.int64)
     for _ in tf.range(batches):
         optional = iterator.get_next_as_optional()
         if not optional.has_value():
             break
         element = optional.get_value()
+        if positioned:  # a Python bool: (element, position) from build(with_position=True)
+            element, position = element
+            key = _window_key(position)
+            later = _later(key, latest)
+            windows += tf.cast(later, tf.int64)
+            latest = tf.where(later, key, latest)
         num_bytes += _bytes(element)
         if tokens:  # a Python bool: one trace each way, nothing counted for other pipelines
             examples += real_examples(element)  # pack: segments, not rows; bucket: not the padding examples
@@ -92,26 +128,49 @@ def _consume(iterator: Any, batches: tf.Tensor, tokens: bool) -> tuple[tf.Tensor
         else:
             examples += _leading(element)
         done += 1
-    return examples, num_bytes, done, real, slots
+    return examples, num_bytes, done, real, slots, windows, latest
 
 
 class Meter:
-    """Pulls batches from one iterator: `warm_up(n)` once, then `measure(n)` per repeat."""
+    """Pulls batches from one iterator: `warm_up(n)` once, then `measure(n)` per repeat.
+
+    `dataset` may be built with `with_position=True` (a windowed pipeline): its elements are then
+    (batch, position), and each measurement counts the new windows its batches brought."""
 
     def __init__(self, dataset: tf.data.Dataset) -> None:
+        spec = dataset.element_spec
+        self.positioned = (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict)
+                           and set(spec[1]) == set(POSITION_KEYS))
         self.iterator = iter(dataset)
-        self.tokens = bool(sequence_keys(dataset.element_spec))
+        self.tokens = bool(sequence_keys(spec[0] if self.positioned else spec))
+        self.first_batch_seconds: Optional[float] = None  # the warm-up's first batch, alone
+        # The latest window seen (none yet: below any real one); a scalar when there are no windows.
+        width = int(_window_key(tf.nest.map_structure(
+            lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), spec[1])).shape[0]) if self.positioned else 0
+        self._latest = tf.fill([width], tf.constant(-(1 << 62), tf.int64))
 
-    def warm_up(self, batches: int) -> None:
+    def _take(self, batches: int) -> tuple[int, ...]:
+        examples, num_bytes, done, real, slots, windows, self._latest = _consume(
+            self.iterator, tf.constant(batches, tf.int64), self.tokens, self.positioned, self._latest)
+        return (int(examples), int(num_bytes), int(done), int(real), int(slots),
+                int(windows) if self.positioned else -1)
+
+    def warm_up(self, batches: int) -> int:
+        """Takes `batches` batches untimed (the first timed alone); returns how many there were."""
+        done = 0
         if batches:
-            _consume(self.iterator, tf.constant(batches, tf.int64), self.tokens)
+            start = time.perf_counter()
+            done = self._take(1)[2]
+            self.first_batch_seconds = time.perf_counter() - start
+        if batches > 1 and done:
+            done += self._take(batches - 1)[2]
+        return done
 
     def measure(self, batches: int) -> Measurement:
         process = psutil.Process()
         cpu_before = sum(process.cpu_times()[:2])
         start = time.perf_counter()
-        examples, num_bytes, done, real, slots = (
-            int(v) for v in _consume(self.iterator, tf.constant(batches, tf.int64), self.tokens))
+        examples, num_bytes, done, real, slots, windows = self._take(batches)
         seconds = time.perf_counter() - start
         cpu = sum(process.cpu_times()[:2]) - cpu_before
         return Measurement(
@@ -119,15 +178,49 @@ class Meter:
             cpu_seconds_per_example=cpu / max(examples, 1), cores_used=cpu / seconds,
             peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             seconds=seconds, examples=examples, batches=done,
-            tokens_per_sec=real / seconds, real_tokens=real, token_slots=slots,
+            tokens_per_sec=real / seconds, real_tokens=real, token_slots=slots, windows=windows,
         )
 
 
-def measure(dataset: tf.data.Dataset, batches: int, warmup: int = 5, repeats: int = 1) -> list[Measurement]:
-    """Warm up, then `repeats` timed runs of `batches` batches on one iterator."""
-    meter = Meter(dataset)
+def measure(dataset: Optional[tf.data.Dataset], batches: int, warmup: int = 5, repeats: int = 1,
+            meter: Optional[Meter] = None) -> list[Measurement]:
+    """Warm up, then `repeats` timed runs of `batches` batches on one iterator (`meter`'s, if given:
+    its `first_batch_seconds` then says how long the first batch took)."""
+    meter = meter or Meter(dataset)
     meter.warm_up(warmup)
     return [meter.measure(batches) for _ in range(repeats)]
+
+
+def aggregate(measurements: Iterable[Measurement]) -> Measurement:
+    """One figure over all runs: what they delivered over the time they took (rates), summed counts,
+    new windows in all; CPU per example and cores over all runs; peak memory: the maximum."""
+    items = list(measurements)
+    seconds = sum(m.seconds for m in items)
+    examples, batches = sum(m.examples for m in items), sum(m.batches for m in items)
+    real, slots = sum(m.real_tokens for m in items), sum(m.token_slots for m in items)
+    cpu = sum(m.cpu_seconds_per_example * max(m.examples, 1) for m in items)
+    return Measurement(
+        examples_per_sec=examples / seconds, batches_per_sec=batches / seconds,
+        bytes_per_sec=sum(m.bytes_per_sec * m.seconds for m in items) / seconds,
+        cpu_seconds_per_example=cpu / max(examples, 1), cores_used=cpu / seconds,
+        peak_memory_bytes=max(m.peak_memory_bytes for m in items), seconds=seconds, examples=examples,
+        batches=batches, tokens_per_sec=real / seconds, real_tokens=real, token_slots=slots,
+        windows=sum(m.windows for m in items) if all(m.windows >= 0 for m in items) else -1,
+    )
+
+
+def describe(measurement: Measurement, warmup: int, first_batch_seconds: Optional[float] = None) -> str:
+    """What a figure of `measurement` means, in words (demo, bench and doctor print it the same way)."""
+    first = f"; the first took {first_batch_seconds:.2f} s" if first_batch_seconds is not None else ""
+    line = (f"the input pipeline alone (no model): {measurement.batches:,} batches in {measurement.seconds:.2f} s, "
+            f"after {warmup} warm-up batch(es){first}")
+    if measurement.windows > 0:
+        line += f"; they brought {measurement.windows} new pack/bucket window(s), so placing windows is in the figure"
+    elif measurement.windows == 0:
+        line += ("; every timed batch came from a pack/bucket window placed before the timing began, so placing a "
+                 "window (it recurs, window after window; the first batch waited for one) is not in this figure: "
+                 "time more batches to include it")
+    return line
 
 
 def measure_for(dataset: tf.data.Dataset, seconds: float, warmup: int = 2, repeats: int = 3, min_batches: int = 3) -> list[Measurement]:
@@ -145,7 +238,7 @@ def summarize(measurements: Iterable[Measurement]) -> Measurement:
     items = list(measurements)
     fields = {f.name: statistics.median(getattr(m, f.name) for m in items) for f in dataclasses.fields(Measurement)}
     fields["peak_memory_bytes"] = max(m.peak_memory_bytes for m in items)
-    for name in ("examples", "batches"):
+    for name in ("examples", "batches", "windows"):
         fields[name] = int(fields[name])
     # The fraction is a ratio of sums: over all runs, not a median of medians.
     fields["real_tokens"] = sum(m.real_tokens for m in items)

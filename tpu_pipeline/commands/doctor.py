@@ -4,11 +4,17 @@ Measures each stage alone, both ceilings and the pipeline, names the bottleneck,
 changes (measured side by side in the same run) and can write the tuned config. When this host's
 CPUs are the limit and the config's last training run (train.run_dir/metrics.json) waited for
 input, it says how many tf.data service worker cores would feed the accelerator.
+
+The pipeline is measured as `demo` and `bench` measure it (`bench.measure`; its `measured:` line
+says what the figure covers). With a `model:` section in the config, it also times a few training
+steps of that model on this host (built as `train` builds it; `train.step_rate`) and compares: when
+the input delivers several times what the model consumes, it says there is nothing to tune.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Sequence
+from typing import Any, Sequence
 
 import yaml
 from absl import flags
@@ -23,6 +29,9 @@ if "json" not in flags.FLAGS:  # verify defines the same flag; a process may imp
 flags.DEFINE_string("chart", None, "write a PNG chart of per-stage rates here")
 flags.DEFINE_enum("section", "data", ["data", "eval_data"], "which pipeline of the config")
 flags.DEFINE_integer("batches", 20, "batches per timed run of the whole pipeline")
+flags.DEFINE_boolean("model", True, "with a model: section, time a few training steps of the config's model on this "
+                     "host and compare its rate with the input's (--nomodel: the input pipeline only)")
+flags.DEFINE_integer("model_steps", 5, "training steps of the model to time (after two untimed ones: compilation)")
 FLAGS = flags.FLAGS
 
 
@@ -35,6 +44,8 @@ def run(overrides: Sequence[str]) -> int:
     if data is None:
         raise ConfigError(f"the config has no '{FLAGS.section}' section to diagnose")
     diagnosis = diagnose(data, batches=FLAGS.batches)
+    if FLAGS.model and FLAGS.section == "data" and raw.get("model") and config.data is not None:
+        diagnosis = dataclasses.replace(diagnosis, model=_model_rate(config))
     print(diagnosis.table())
     training = read_metrics(config.train.run_dir) if FLAGS.section == "data" else None
     advice = service_advice(diagnosis, training)
@@ -57,3 +68,12 @@ def run(overrides: Sequence[str]) -> int:
         stage_chart(diagnosis, FLAGS.chart)
         print(f"wrote the chart to {FLAGS.chart}")
     return 0
+
+
+def _model_rate(config: Any) -> Any:
+    """The config's model's training rate on this host (input from memory), as doctor reports it."""
+    from tpu_pipeline.bench.doctor import ModelRate
+    from tpu_pipeline.train.step_rate import model_step_rate
+
+    rate = model_step_rate(config, steps=FLAGS.model_steps)
+    return ModelRate(rate.steps_per_sec, rate.steps, rate.seconds, rate.warmup_seconds, rate.device)
