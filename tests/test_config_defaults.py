@@ -149,3 +149,10 @@ def test_derived_outputs_are_shown_resolved_but_not_as_set():
     assert "outputs" not in config.model_dump(exclude_unset=True)["data"]
     again = load_config(TEXT_LM, ["data.sequence.mode=pad", "data.sequence.overflow=truncate"])
     assert outputs(again) == PAD
+
+
+def test_what_eval_data_takes_from_data_sequence_is_not_shown_as_set():
+    set_only = load_config(TEXT_LM, ["eval_data.sequence.overflow=split"]).model_dump(exclude_unset=True)
+    assert set_only["eval_data"]["sequence"] == {"overflow": "split"}
+    assert "sequence" not in load_config(TEXT_LM).model_dump(exclude_unset=True)["eval_data"]
+    assert load_config(TEXT_LM).model_dump()["eval_data"]["sequence"]["length"] == 256  # resolved: followed

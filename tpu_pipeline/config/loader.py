@@ -17,7 +17,7 @@ import yaml
 import pydantic
 
 from tpu_pipeline.config.base import _models_in, validate
-from tpu_pipeline.config.schema import Config, follow_train_sequence
+from tpu_pipeline.config.schema import Config, follow_train_sequence, unset_followed
 from tpu_pipeline.errors import ConfigError
 
 
@@ -221,7 +221,9 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
         model = _models_in(Config.model_fields[name].annotation)
         is_model = isinstance(model, type) and issubclass(model, pydantic.BaseModel)
         sections[name] = validate(model, value, prefix=name) if is_model and value is not None else value
-    return validate(Config, sections)
+    config = validate(Config, sections)
+    unset_followed(raw, config)
+    return config
 
 
 def config_keys(model: Any = None, prefix: str = "") -> list[str]:

@@ -40,6 +40,19 @@ def follow_train_sequence(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {**raw, "eval_data": {**evaluation, "sequence": merged}}
 
 
+def unset_followed(raw: Mapping[str, Any], config: "Config") -> None:
+    """Marks what eval_data took from data.sequence as not set by the user, so `tpu-pipeline config
+    --set_only` leaves it out and a config taken back still follows data.sequence."""
+    evaluation = raw.get("eval_data")
+    if config.eval_data is None or config.eval_data.sequence is None or not isinstance(evaluation, Mapping):
+        return
+    own = evaluation.get("sequence")
+    if "sequence" not in evaluation:
+        config.eval_data.__pydantic_fields_set__.discard("sequence")
+    own_keys = {k for k, v in own.items() if v is not None} if isinstance(own, Mapping) else set()
+    config.eval_data.sequence.__pydantic_fields_set__.intersection_update(own_keys)
+
+
 class Config(StrictModel):
     """Top level of a YAML config file. Every section is optional; each layer reads its own."""
 
