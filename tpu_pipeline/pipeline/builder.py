@@ -55,7 +55,6 @@ from tpu_pipeline.pipeline.stages import (
 from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
 
-PACK_PARSE_BLOCK = 256  # pack mode: records parsed together (one ragged batch), then cut into chunks
 FULL_SHUFFLE = tf.data.UNKNOWN_CARDINALITY  # a shuffle buffer that holds the whole (finite) input
 FIRST_EPOCH = 0
 
@@ -535,7 +534,7 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
         if sequence is not None and sequence.window:
             # Bucket: the window is the batch of records, parsed as one ragged batch, placed as one
             # window. Pack: blocks of records parsed as one ragged batch, then cut into chunks.
-            block = sequence.window if sequence.mode == "bucket" else PACK_PARSE_BLOCK
+            block = sequence.window if sequence.mode == "bucket" else sequence.parse_block
             records = Batch(block, drop_remainder=False, records=True, per_replica=False)
         stages += [repeat, records]
         seq_ops, seq_random = _sequence_ops(sequence, batched=True)

@@ -78,14 +78,21 @@ def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], 
         example, chunk = expand_counts(per_example)
     number = first_example + example
     keep = tf.logical_or(number > start_example, chunk >= start_chunk)
-    example, chunk, number = (tf.boolean_mask(t, keep) for t in (example, chunk, number))
+    dropped = tf.reduce_sum(1 - tf.cast(keep, tf.int64))  # a resume inside a document: its first chunks
+    example, chunk, number = (t[dropped:] for t in (example, chunk, number))
     out: Features = {EXAMPLE: number, CHUNK: chunk}
     for key, r, length in zip(keys, ragged, limits):
         skipped = chunk * length
         size = tf.clip_by_value(tf.gather(tf.cast(r.row_lengths(), tf.int64), example) - skipped, 0, length)
-        start = tf.gather(tf.cast(r.row_starts(), tf.int64), example) + skipped
-        index = tf.ragged.range(start, start + size)
-        out[key] = tf.RaggedTensor.from_row_splits(tf.gather(r.flat_values, index.flat_values), index.row_splits)
+        if overflow == "split":
+            # Every token is in exactly one chunk, in order: the chunks are a view of the values from the
+            # first kept token (no copy of a long document).
+            first = tf.cast(tf.size(r.flat_values, tf.int64) - tf.reduce_sum(size), tf.int64)
+            out[key] = tf.RaggedTensor.from_row_lengths(r.flat_values[first:], size)
+        else:
+            start = tf.gather(tf.cast(r.row_starts(), tf.int64), example) + skipped
+            index = tf.ragged.range(start, start + size)
+            out[key] = tf.RaggedTensor.from_row_splits(tf.gather(r.flat_values, index.flat_values), index.row_splits)
     return out
 
 

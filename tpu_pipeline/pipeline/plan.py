@@ -108,7 +108,7 @@ def make_plan(config: DataConfig, source: Source, prefix: str = "data") -> Plan:
         parse=parse, shuffle=shuffle, record_block=block, record_cache=cache, order=order, features=features,
         files=Decision(files, f"{origin}" if files else "the source reads no TFRecord file"), read=read,
         data_bytes=data_bytes, ops_batchable=all(registered.batchable for _, _, registered in ops),
-        service=_service(config, source, prefix), sequence=_sequence(config, prefix),
+        service=_service(config, source, prefix), sequence=_sequence(config, prefix, source, files),
     )
 
 
@@ -141,6 +141,7 @@ class SequencePlan:
     bucket_lengths: tuple = ()
     bucket_batch: str = "examples"
     row_shuffle: int = 0  # pack: windows whose rows are permuted together (0: rows in packing order)
+    parse_block: int = 0  # pack, batched parse: records parsed together (sized by the mean record)
 
     def __str__(self) -> str:
         window = f", window {self.window}" if self.window else ""
@@ -153,7 +154,7 @@ def pack_window(length: int) -> int:
     return max(PACK_WINDOW_MIN, min(PACK_WINDOW, PACK_WINDOW_TOKENS // length))
 
 
-def _sequence(config: DataConfig, prefix: str) -> Decision:
+def _sequence(config: DataConfig, prefix: str, source: Source, files: tuple[str, ...]) -> Decision:
     sequence = config.sequence
     if sequence is None:
         return Decision(None, "no data.sequence: every feature has a static shape")
@@ -175,11 +176,32 @@ def _sequence(config: DataConfig, prefix: str) -> Decision:
     window = pack_window(longest) if sequence.window == "auto" else int(sequence.window)
     row_shuffle, shuffle_why = _row_shuffle(config, window * longest, prefix)
     tokens = window * longest * max(1, row_shuffle)
+    block, block_why = _parse_block(source, files)
     return Decision(SequencePlan("pack", lengths, window, sequence.overflow, sequence.algorithm,
-                                 row_shuffle=row_shuffle),
+                                 row_shuffle=row_shuffle, parse_block=block),
                     f"{key}.mode=pack: {sequence.algorithm} over windows of {window} chunks of at most {longest} "
                     f"tokens" + (" (auto: measured, docs/sequences.md)" if sequence.window == "auto" else "")
-                    + f"; {shuffle_why}; at most {tokens:,} tokens per key held at once")
+                    + f"; {shuffle_why}; at most {tokens:,} tokens per key held at once; {block_why}")
+
+
+# Pack mode parses records in blocks (one ragged batch), then cuts them into chunks. A block of a
+# fixed number of records holds that many times the longest document (256 copies of one 30 MB
+# document, repeated, took 8 GB): blocks are sized to ~PACK_PARSE_BYTES of serialized records by the
+# dataset's mean record, from its files' sizes and metadata.json's count (no record read).
+PACK_PARSE_BLOCK = 256
+PACK_PARSE_BYTES = 8 << 20
+
+
+def _parse_block(source: Source, files: tuple[str, ...]) -> tuple[int, str]:
+    """(records per parse block, why) for pack mode."""
+    count = source.info().num_examples if files else None
+    size = _files_bytes(files, 1 << 62) if count else None
+    if not count or not size:
+        return PACK_PARSE_BLOCK, f"records parsed {PACK_PARSE_BLOCK} at a time"
+    mean = max(1, size // count)
+    block = max(1, min(PACK_PARSE_BLOCK, PACK_PARSE_BYTES // mean))
+    return block, (f"records parsed {block} at a time (~{PACK_PARSE_BYTES >> 20} MB of records of "
+                   f"{mean / 1024:,.0f} KB on average)")
 
 
 def _row_shuffle(config: DataConfig, window_tokens: int, prefix: str) -> tuple[int, str]:
