@@ -70,7 +70,9 @@ class TransformerConfig(StrictModel):
     dropout: Fraction = pydantic.Field(0.0, description="after attention and MLP, and on the embeddings")
     attention_dropout: Fraction = 0.0
     tie_embeddings: bool = pydantic.Field(
-        True, description="language model: the logits reuse the token embedding matrix (fewer parameters)"
+        False, description="language model: the logits reuse the token embedding matrix (fewer parameters; its "
+        "input rows are scaled by sqrt(width), as Gemma does). Off by default: measured, tying cost ~0.1 nats per "
+        "token on the text demo at its budget (benchmarks/bench_lm_quality.py)"
     )
     vocab_size: Optional[pydantic.PositiveInt] = pydantic.Field(
         None, description="None: the dataset's tokenizer vocabulary (metadata.json), else train.num_classes for a "
