@@ -79,13 +79,15 @@ class SequenceReport:
     measured: Optional[float]  # over the timed batches (None: not measured)
     tokens_per_sec: float  # real tokens of `key`, timed batches
     findings: list[Finding]  # each: the fraction it would reach, and the override
+    long: Optional["LongExamples"] = None  # examples far longer than length, uncut (None: none, or not measured)
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "mode": self.mode, "length": self.length, "window": self.window,
                 "examples_seen": self.examples, "shortest": self.lengths[0], "longest": self.lengths[1],
                 "median": self.lengths[2], "non_padding_fraction": self.fraction,
                 "measured_non_padding_fraction": self.measured, "tokens_per_sec": self.tokens_per_sec,
-                "findings": [{"problem": f.problem, "overrides": list(f.overrides)} for f in self.findings]}
+                "findings": [{"problem": f.problem, "overrides": list(f.overrides)} for f in self.findings],
+                "long_examples": dataclasses.asdict(self.long) if self.long else None}
 
     def lines(self) -> list[str]:
         low, high, median = self.lengths
@@ -95,12 +97,56 @@ class SequenceReport:
         measured = (f"{self.measured:.3f} over the timed batches ({self.tokens_per_sec:,.0f} tokens/s), "
                     if self.measured is not None else "")
         lines.append(f"  non-padding fraction: {measured}{self.fraction:.3f} on the examples seen")
+        if self.long is not None:
+            lines.append(self.long.line(self.length))
         for finding in self.findings:
             lines.append(f"  - {finding.problem}\n      fix (advice, not in the tuned config): {' '.join(finding.overrides)}")
         if not self.findings:
             lines.append(f"  nothing to raise it: {self.mode} mode is at {self.fraction:.0%} of the slots" if self.fraction
                          >= LOW_FRACTION else "  no mode or window found that would raise it on these examples")
         return lines
+
+
+FAR_LONGER = 8  # an example over this many times data.sequence.length is "far longer": doctor warns
+
+
+@dataclasses.dataclass(frozen=True)
+class LongExamples:
+    """Examples of the sample far longer than a row (uncut, in tokens), and what the pipeline does with them."""
+
+    count: int  # over FAR_LONGER × length
+    seen: int
+    longest: int
+    tokens: int  # theirs, in all
+    overflow: str  # data.sequence.overflow
+
+    def line(self, length: int) -> str:
+        kept = {"split": f"overflow: split cuts each into chunks of {length} tokens, each its own segment (the "
+                         f"longest into {-(-self.longest // length):,}; no attention across chunks)",
+                "truncate": f"overflow: truncate keeps only the first {length} tokens of each, dropping "
+                            f"{1 - self.count * length / max(self.tokens, 1):.1%} of their tokens",
+                "error": "overflow: error refuses them (the pipeline stops at the first)"}[self.overflow]
+        return (f"  warning: {self.count:,} of the {self.seen:,} examples seen are over {FAR_LONGER} x length "
+                f"({FAR_LONGER * length:,} tokens; the longest {self.longest:,}): {kept}")
+
+
+def long_examples(config: DataConfig, key: str, length: int, sample: int = SAMPLE_EXAMPLES) -> Optional[LongExamples]:
+    """The examples far longer than `length` among the stream's first `sample`, uncut (read without the
+    sequence stage); None when there are none, or when the stream cannot be batched uncut."""
+    copy = config.model_copy(update={"sequence": None, "repeat": 1, "outputs": None, "service": ServiceConfig()})
+    try:
+        dataset = Pipeline.from_config(copy).build()
+        spec = dataset.element_spec.get(key) if isinstance(dataset.element_spec, dict) else None
+        if not isinstance(spec, tf.RaggedTensorSpec):
+            return None
+        lengths = np.asarray([int(n) for n in dataset.map(lambda batch: batch[key].row_lengths()).unbatch().take(sample)
+                              .as_numpy_iterator()], np.int64)
+    except (tf.errors.OpError, ValueError, TypeError):
+        return None  # e.g. examples parsed one at a time: uncut, they cannot be batched
+    far = lengths[lengths > FAR_LONGER * length]
+    if not len(far):
+        return None
+    return LongExamples(int(len(far)), int(len(lengths)), int(far.max()), int(far.sum()), config.sequence.overflow)
 
 
 def sequence_report(config: DataConfig, plan: Plan, measured: Optional[Measurement] = None,
@@ -156,7 +202,8 @@ def sequence_report(config: DataConfig, plan: Plan, measured: Optional[Measureme
     return SequenceReport(key, sequence.mode, length, sequence.window, len(lengths),
                           (ordered[0], ordered[-1], float(np.median(ordered))), fraction,
                           measured.non_padding_fraction if measured is not None else None,
-                          measured.tokens_per_sec if measured is not None else 0.0, findings)
+                          measured.tokens_per_sec if measured is not None else 0.0, findings,
+                          long_examples(config, key, length, sample))
 
 
 def _fraction_as(mode: str, lengths: list[int], sequence: Any, config: DataConfig, length: int) -> float:

@@ -129,6 +129,22 @@ def interrupted() -> str:
     return interrupted_state(FLAGS.out)
 
 
+def long_documents_line(metadata: dict[str, Any]) -> str:
+    """One warning line for the documents far longer than any row (text datasets), or "" when none is."""
+    from tpu_pipeline.records.text_source import LONG_DOCUMENT_TOKENS
+
+    splits = {name: entry for name, entry in metadata["splits"].items() if entry.get("num_long_documents")}
+    if not splits:
+        return ""
+    count = sum(entry["num_long_documents"] for entry in splits.values())
+    where, longest = max(((name, entry.get("longest_document_tokens", 0)) for name, entry in splits.items()),
+                         key=lambda pair: pair[1])
+    return (f"  warning: {count:,} document(s) have more than {LONG_DOCUMENT_TOKENS:,} tokens (the longest "
+            f"{longest:,}, in {where}); in training, data.sequence.overflow: split cuts each into chunks of "
+            "data.sequence.length tokens, each its own segment (no attention across chunks), and overflow: "
+            "truncate keeps only its first length tokens")
+
+
 def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, already_complete: bool) -> str:
     """What was written, what was skipped, and the config lines that read it."""
     if already_complete:
@@ -148,6 +164,9 @@ def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, a
             lines += [f"      {s['where']}: {s['reason']}" for s in entry["skipped"][:20]]
             if entry["num_skipped"] > 20:
                 lines.append(f"      ... and {entry['num_skipped'] - 20} more")
+    long_line = long_documents_line(metadata)
+    if long_line:
+        lines.append(long_line)
     if metadata.get("class_names"):
         names = metadata["class_names"]
         lines.append(f"  classes ({len(names)}): {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")

@@ -61,7 +61,8 @@ class ItemError(Exception):
 class Encoded:
     """What `encode` may return instead of the serialized example: the record, or None for an item that
     is counted but not written (an empty document), plus numbers summed per shard and per split (tokens,
-    text bytes) that the source's `split_metadata` turns into metadata.json keys."""
+    text bytes; a key starting with "max_" keeps the largest instead) that the source's `split_metadata`
+    turns into metadata.json keys."""
 
     record: Optional[bytes]
     stats: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -363,8 +364,9 @@ class _ShardWriter:
         if record is not None:
             self.writer.write(record)
             self.count += 1
-        for key, value in (stats or {}).items():
-            self.stats[key] = self.stats.get(key, 0) + int(value)
+        for key, value in (stats or {}).items():  # summed; a "max_" key keeps the largest (e.g. the longest document)
+            combine = max if key.startswith("max_") else (lambda a, b: a + b)
+            self.stats[key] = combine(self.stats.get(key, 0), int(value))
 
     def skip(self, error: ItemError) -> None:
         self.skipped.append({"where": error.where, "reason": error.reason})

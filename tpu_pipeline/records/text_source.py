@@ -36,6 +36,9 @@ _BOM = b"\xef\xbb\xbf"
 _GLOB = set("*?[")
 _OPEN_FILES = 32  # handles the reader keeps open while documents of many files interleave
 Item = tuple[int, bytes]  # (document index, its raw bytes)
+# A document longer than this (in tokens) is far longer than any row a model trains on: convert counts
+# such documents and says what a data.sequence pipeline does with them.
+LONG_DOCUMENT_TOKENS = 65_536
 
 
 def _open(path: str) -> BinaryIO:
@@ -277,7 +280,8 @@ class TextSource:
             ids = ids + [self.tokenizer.eos_id]
         feature = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
         record = tf.train.Example(features=tf.train.Features(feature={FEATURE: feature})).SerializeToString()
-        stats = {"documents": 1, "tokens": len(ids)}
+        stats = {"documents": 1, "tokens": len(ids), "max_tokens": len(ids),  # max_: the converter keeps the largest
+                 "long_documents": int(len(ids) > LONG_DOCUMENT_TOKENS)}
         if text_bytes is not None:
             stats["text_bytes"] = text_bytes
         return Encoded(record, stats)
@@ -296,6 +300,9 @@ class TextSource:
         entry = {
             "num_documents": total["documents"], "num_tokens": total["tokens"], "num_empty": total["empty"],
             "tokens": [stats.get("tokens", 0) for stats in shard_stats],
+            # Documents over LONG_DOCUMENT_TOKENS (convert warns) and the longest, in tokens.
+            "num_long_documents": total["long_documents"],
+            "longest_document_tokens": max((stats.get("max_tokens", 0) for stats in shard_stats), default=0),
         }
         if not self.ids_field:
             entry["num_text_bytes"] = total["text_bytes"]
