@@ -251,6 +251,17 @@ def test_lm_shift_pairs_each_token_with_the_next():
     assert [(e["tokens"], e["x"], e["y"]) for e in kept][0] == ([0, 5, 0, 7], [0, 5, 0], [5, 0, 7])
 
 
+@pytest.mark.parametrize("rows", [[[0, 5, 0, 7]], [[]], [[9]], [[1, 2], [], [3, 4, 5]], [[], [], [8]]])
+def test_lm_shift_of_a_ragged_batch_of_one_or_many_documents_is_the_ragged_slice(rows):
+    """A batch of one document is cut by slicing its values (no index as long as the document): the
+    same pairs as ragged indexing, in graph mode as a batched parse runs it."""
+    shift = get_op("lm_shift").factory()
+    tokens = tf.ragged.constant(rows, dtype=tf.int64, row_splits_dtype=tf.int64)
+    got = tf.function(lambda t: shift({"tokens": t}))(tokens)
+    assert got["inputs"].to_list() == tokens[:, :-1].to_list() and got["targets"].to_list() == tokens[:, 1:].to_list()
+    assert got["inputs"].shape.rank == 2 and got["inputs"].row_splits.dtype == tf.int64
+
+
 def test_append_and_prepend_add_one_id_even_to_an_empty_sequence():
     got = run_ops([{"op": "prepend", "id": 2}, {"op": "append", "id": 1, "out_key": "with_eos"}])
     assert [e["tokens"] for e in got] == [[2] + row for row in ROWS]

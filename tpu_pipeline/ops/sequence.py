@@ -111,6 +111,24 @@ def truncate(max_length: int, keep: str = "head", key: str = "tokens", out_key: 
     return _writes("truncate", key, out_key, lambda tokens: tokens[:, cut] if _batch(tokens) else tokens[cut])
 
 
+def _shift_batch(tokens: tf.RaggedTensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
+    """`tokens[:, :-1]`, `tokens[:, 1:]` of a ragged batch. A batch of one document (what pack mode
+    parses at a time when documents are tens of MB) is cut by slicing its values, not by ragged
+    indexing, which builds an int64 index as long as the document and two gathered copies."""
+    def one() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        values = tokens.flat_values
+        size = tf.size(values, tokens.row_splits.dtype)
+        pairs = tf.maximum(size - 1, 0)
+        return values[:pairs], values[size - pairs:], tf.reshape(pairs, [1])
+
+    def many() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        return inputs.flat_values, targets.flat_values, inputs.row_lengths()
+
+    inputs, targets, lengths = tf.cond(tf.equal(tokens.nrows(), 1), one, many)
+    return tf.RaggedTensor.from_row_lengths(inputs, lengths), tf.RaggedTensor.from_row_lengths(targets, lengths)
+
+
 @register_op("lm_shift", batchable=True)
 def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str = "targets", keep: bool = False):
     """Next-token pairs: `inputs = tokens[:-1]`, `targets = tokens[1:]` (n tokens give n - 1 pairs; 0 or 1 token,
@@ -135,7 +153,7 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
                            "inputs_key/targets_key to other names (or drop them with op keep)")
         out = {k: v for k, v in features.items() if keep or k != key}
         if _batch(tokens):
-            out[inputs_key], out[targets_key] = tokens[:, :-1], tokens[:, 1:]
+            out[inputs_key], out[targets_key] = _shift_batch(tokens)
         else:
             out[inputs_key], out[targets_key] = tokens[:-1], tokens[1:]
         return out
