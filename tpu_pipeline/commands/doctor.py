@@ -21,7 +21,7 @@ from absl import flags
 
 from tpu_pipeline.commands._common import load_raw
 from tpu_pipeline.config.loader import apply_overrides
-from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.errors import ConfigError, TpuPipelineError
 
 flags.DEFINE_string("write-tuned", None, "write the whole config with the proposed changes applied here (YAML)")
 if "json" not in flags.FLAGS:  # verify defines the same flag; a process may import both
@@ -44,9 +44,15 @@ def run(overrides: Sequence[str]) -> int:
     if data is None:
         raise ConfigError(f"the config has no '{FLAGS.section}' section to diagnose")
     diagnosis = diagnose(data, batches=FLAGS.batches)
+    untimed = None
     if FLAGS.model and FLAGS.section == "data" and raw.get("model") and config.data is not None:
-        diagnosis = dataclasses.replace(diagnosis, model=_model_rate(config))
+        try:
+            diagnosis = dataclasses.replace(diagnosis, model=_model_rate(config))
+        except TpuPipelineError as error:  # the input's diagnosis stands without it
+            untimed = f"model: not timed ({error}); the input pipeline's figures above stand alone"
     print(diagnosis.table())
+    if untimed:
+        print(untimed)
     training = read_metrics(config.train.run_dir) if FLAGS.section == "data" else None
     advice = service_advice(diagnosis, training)
     if advice:
