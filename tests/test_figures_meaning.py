@@ -20,7 +20,7 @@ import tensorflow as tf
 import yaml
 
 from tpu_pipeline.bench.doctor import ModelRate, model_verdict
-from tpu_pipeline.bench.measure import Measurement, Meter, aggregate, describe
+from tpu_pipeline.bench.measure import Measurement, Meter, aggregate, describe, measure_to_a_new_window
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline import Pipeline
@@ -162,6 +162,9 @@ def test_the_measurement_counts_new_windows_and_says_when_none_was_placed_while_
     run = meter.measure(10)
     assert run.windows == 0, run
     assert "every timed batch came from a pack/bucket window placed before the timing began" in describe(run, 2)
+    runs = measure_to_a_new_window(meter, [run], max_seconds=120.0)  # what doctor does: 10, 10, 20, 40, ... batches
+    assert runs[0] is run and runs[-1].windows >= 1 and not any(r.windows for r in runs[:-1]), runs
+    assert [r.batches for r in runs] == [10 * 2 ** max(0, i - 1) for i in range(len(runs))]
 
     plain = Meter(Pipeline.from_config(config_from_dict({"data": {**_packed(files, 16), "sequence": {
         "keys": ["tokens"], "length": 64, "mode": "pad", "overflow": "truncate"}}}).data).build(with_position=True))

@@ -191,6 +191,19 @@ def measure(dataset: Optional[tf.data.Dataset], batches: int, warmup: int = 5, r
     return [meter.measure(batches) for _ in range(repeats)]
 
 
+def measure_to_a_new_window(meter: Meter, runs: list[Measurement], max_seconds: float) -> list[Measurement]:
+    """`runs` of a pack or bucket pipeline, extended (each further run as long as all before it) until
+    their batches bring a new window or `max_seconds` of timing is spent: a figure without one leaves
+    out the placing of windows, which recurs. Other pipelines' runs come back as they are."""
+    runs = list(runs)
+    while (meter.positioned and runs and not sum(r.windows for r in runs)
+           and sum(r.seconds for r in runs) < max_seconds):
+        runs.append(meter.measure(sum(r.batches for r in runs)))
+        if not runs[-1].batches:
+            break  # the data ended
+    return runs
+
+
 def aggregate(measurements: Iterable[Measurement]) -> Measurement:
     """One figure over all runs: what they delivered over the time they took (rates), summed counts,
     new windows in all; CPU per example and cores over all runs; peak memory: the maximum."""
