@@ -1,11 +1,18 @@
 """The `train` config section: how long to train, where the run lives, what to log and save."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import pydantic
 
 from tpu_pipeline.config.base import StrictModel
+
+# train.checkpoint_every_seconds: auto. A SIGKILL loses at most this many seconds of steps; a save
+# that takes longer than AUTO_MAX_SAVE_SHARE of that stretches the interval so that saving never takes
+# more than that share of the time (a large model saved to gs://). Measured on the demos:
+# benchmarks/bench_checkpoints.py, docs/training.md.
+AUTO_CHECKPOINT_SECONDS = 60.0
+AUTO_MAX_SAVE_SHARE = 0.02
 
 
 class TrainConfig(StrictModel):
@@ -30,8 +37,10 @@ class TrainConfig(StrictModel):
         None, description="also save every this many steps (besides each epoch end and SIGTERM); a resume "
         "continues from the newest checkpoint's step, input position included"
     )
-    checkpoint_every_seconds: Optional[pydantic.PositiveFloat] = pydantic.Field(
-        None, description="also save when this many seconds passed since the last save"
+    checkpoint_every_seconds: Union[pydantic.PositiveFloat, Literal["auto"], None] = pydantic.Field(
+        "auto", description="also save when this many seconds passed since the last save (one process only); "
+        f"auto: every {AUTO_CHECKPOINT_SECONDS:g} s, or longer when a save takes over {AUTO_MAX_SAVE_SHARE:.0%} of "
+        "that, on one process and unless checkpoint_every_steps is set; null: epoch ends and SIGTERM only"
     )
     log_every_steps: pydantic.PositiveInt = 10
     tensorboard: bool = True

@@ -32,7 +32,8 @@ from tpu_pipeline.pipeline.sequence import Bucket
 from tpu_pipeline.pipeline.stages import ToOutputs
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.pipeline.record_check import config_vocabulary, tf_message
-from tpu_pipeline.train.callbacks import Checkpointer, ProgressLogger, TrainState
+from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
+from tpu_pipeline.train.callbacks import ProgressLogger, TrainState
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
 
@@ -207,11 +208,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     if not cluster.is_chief:
         printer = _worker_printer(printer, cluster.worker_id)
     printer(cluster.describe())
-    if cluster.num_workers > 1 and config.train.checkpoint_every_seconds:
-        raise ConfigError(
-            "train.checkpoint_every_seconds: with several TF_CONFIG workers every worker must save at the same "
-            "step, and their clocks differ; use train.checkpoint_every_steps instead"
-        )
+    saves = cadence(config.train, cluster.num_workers)
+    if saves.note:
+        printer(saves.note)
     if config.train.seed is not None:
         tf_keras.utils.set_random_seed(config.train.seed)
     run_dir = config.train.run_dir
@@ -301,9 +300,8 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                               tokens=tokens)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
     with PreemptionFlag(agreement) as preemption:
-        checkpointer = Checkpointer(files, state, steps, config.train.checkpoint_every_steps,
-                                    config.train.checkpoint_every_seconds, preemption, printer,
-                                    before_save=position.record if position is not None else None)
+        checkpointer = TimedCheckpointer(files, state, steps, plan=saves, preemption=preemption, printer=printer,
+                                         before_save=position.record if position is not None else None)
         callbacks: list[Any] = [progress, checkpointer]
         if config.train.tensorboard:
             profile = tuple(config.train.profile_steps) if config.train.profile_steps else 0
@@ -311,7 +309,8 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         started = time.perf_counter()
         step = resumed_from
         if step < total_steps:
-            printer(f"training {epochs - step // steps} epoch(s) of {steps} steps, global batch {config.data.batch_size}")
+            printer(f"training {epochs - step // steps} epoch(s) of {steps} steps, global batch {config.data.batch_size}; "
+                    + saves.describe())
             if train_pipeline.service is not None:
                 split = train_pipeline.service
                 printer(f"input: tf.data service {split.address} ({split.mode}{', job ' + split.job_name if split.job_name else ''}"
@@ -359,6 +358,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
            if tokens is not None else {}),
         "input_wait_fraction": progress.input_wait_fraction(),
         "train_seconds": train_seconds,
+        # Seconds of train_seconds spent saving checkpoints, and those of the saves between epoch ends.
+        "checkpoint_seconds": checkpointer.save_seconds,
+        "step_checkpoint_seconds": checkpointer.periodic_seconds,
         "cluster": {"kind": cluster.kind, "replicas": cluster.num_replicas, "hosts": cluster.num_hosts},
         "history": history,
     }
