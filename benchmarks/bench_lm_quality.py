@@ -26,8 +26,8 @@ warm-up, clipnorm) over the same steps (`train.epochs` x `train.steps_per_epoch`
 Validation loss is computed here, the same way for every model: the cross-entropy of every real
 target (weight from `targets_segment_ids` > 0) in nats per token, and bits per byte (its sum in bits
 over the number of targets that are bytes, EOS included in the bits, as `train` reports it).
-A single seed per model: differences under ~0.03 nats are within the run-to-run spread (measured:
-see benchmarks/README.md).
+`--seed` changes every model's initial weights (not the batches): the spread between seeds is in
+benchmarks/README.md, next to the figures.
 """
 from __future__ import annotations
 
@@ -139,8 +139,8 @@ def evaluate(model: Any, batches: list, byte_offset: int | None) -> dict[str, fl
 
 
 def train(name: str, make: Callable[[], Any], train_set: tf.data.Dataset, steps: int, eval_batches: list,
-          byte_offset: int | None) -> dict[str, Any]:
-    keras.utils.set_random_seed(0)  # the same seed for every model's initial weights
+          byte_offset: int | None, seed: int = 0) -> dict[str, Any]:
+    keras.utils.set_random_seed(seed)  # the same seed for every model's initial weights
     model = make()
     start = time.perf_counter()
     history = model.fit(train_set, epochs=1, steps_per_epoch=steps, verbose=0)
@@ -163,6 +163,7 @@ def main() -> None:
                         help="NAME:key=value,key=value — an extra 'ours' model with these overrides")
     parser.add_argument("--no_default", action="store_true", help="leave out 'ours' with the config as it is")
     parser.add_argument("--no_reference", action="store_true", help="leave out the Keras reference")
+    parser.add_argument("--seed", type=int, default=0, help="initial weights' seed (the batches stay the same)")
     parser.add_argument("--json", default=None, help="write every result here")
     args = parser.parse_args()
 
@@ -210,7 +211,7 @@ def main() -> None:
     for spec in args.variant:
         name, _, overrides = spec.partition(":")
         runs.append((name, ours([o for o in overrides.split(",") if o])))
-    results = [train(name, make, train_set, steps, eval_batches, byte_offset) for name, make in runs]
+    results = [train(name, make, train_set, steps, eval_batches, byte_offset, args.seed) for name, make in runs]
 
     base = results[0]
     print(f"\n{'model':<28} {'val nats/token':>15} {'bits/byte':>10} {'minus ' + base['name'][:14]:>22}")
@@ -219,8 +220,8 @@ def main() -> None:
               f"{r['nats_per_token'] - base['nats_per_token']:>+22.4f}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"steps": steps, "epochs": epochs, "steps_per_epoch": steps_per_epoch, "config": args.config,
-                       "overrides": args.override, "results": results}, handle, indent=2)
+            json.dump({"steps": steps, "epochs": epochs, "seed": args.seed, "steps_per_epoch": steps_per_epoch,
+                       "config": args.config, "overrides": args.override, "results": results}, handle, indent=2)
 
 
 if __name__ == "__main__":

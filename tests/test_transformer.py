@@ -261,7 +261,8 @@ def test_pad_mode_masks_and_plain_token_ids_match_the_packed_model():
 def test_keras3_builds_the_same_transformer():
     keras3 = get_keras("keras3")  # Keras 3 ships with TensorFlow 2.16+: its absence is a failure, not a skip
     model = language_model(ModelConfig.from_dict({"architecture": "transformer", "keras": "keras3", "transformer": {
-        "width": 16, "depth": 1, "heads": 2, "attention_dropout": 0.1, "tie_embeddings": True}}), keras=keras3)
+        "width": 16, "depth": 1, "heads": 2, "attention_dropout": 0.1, "tie_embeddings": True}}),
+        keras=keras3)
     assert isinstance(model, keras3.Model) and model.outputs[0].dtype == "float32"
     assert model.count_params() == expected_parameters(16, 1, VOCAB, LENGTH, tied=True)
     assert_packed_equals_alone(model, make_examples())
@@ -293,7 +294,8 @@ def test_model_fn_receives_the_dict_of_input_shapes():
     (lambda: build_network(tf_keras, config(), packed_shapes(), 3), r"set model\.transformer\.vocab_size"),
     (lambda: language_model(shapes=packed_shapes(None)), r"set model\.transformer\.max_length"),
     (lambda: language_model(config(max_length=8)), r"model\.transformer\.max_length=8 is shorter .* 16"),
-    (lambda: language_model(config(vocab_size=20, tie_embeddings=True)), r"vocab_size=20 differs .*tie_embeddings: false"),
+    (lambda: language_model(config(vocab_size=20, tie_embeddings=True)),
+     r"vocab_size=20 differs .*tie_embeddings: false"),
     (lambda: build_network(tf_keras, config(), packed_shapes(), 1, task="language_model"),
      r"num_classes: a language model's logits are its vocabulary"),
     (lambda: build_network(tf_keras, ModelConfig.from_dict({"architecture": "cnn"}), packed_shapes(), 3),
