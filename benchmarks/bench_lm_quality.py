@@ -1,7 +1,7 @@
 """Does our default language model learn as well as a plain Keras one? Both trained side by side.
 
     .venv/bin/python benchmarks/bench_lm_quality.py [--config configs/text_lm.yaml] [--epochs 4 --steps_per_epoch 100]
-        [--variant "untied:model.transformer.tie_embeddings=false"] [--reference_tied] [--json out.json]
+        [--variant "tied:model.transformer.tie_embeddings=true"] [--seed 1] [--json out.json]
 
 Text: the built-in text demo, every paragraph of the CPython documentation that ships with Python
 (`pydoc_data.topics`), written byte-level by `tpu_pipeline.records.demo_text` into the directory

@@ -71,7 +71,7 @@ class TransformerConfig(StrictModel):
     attention_dropout: Fraction = 0.0
     tie_embeddings: bool = pydantic.Field(
         False, description="language model: the logits reuse the token embedding matrix (fewer parameters; its "
-        "input rows are scaled by sqrt(width), as Gemma does). Off by default: measured, tying cost ~0.1 nats per "
+        "input rows are scaled by sqrt(width), as Gemma does). Off by default: measured, tying cost 0.1-0.3 nats per "
         "token on the text demo at its budget (benchmarks/bench_lm_quality.py)"
     )
     vocab_size: Optional[pydantic.PositiveInt] = pydantic.Field(
