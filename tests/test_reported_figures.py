@@ -204,8 +204,6 @@ def test_every_figure_train_reports_matches_numpy_over_the_same_batches(trained)
         assert metrics["history"][name] == pytest.approx([metrics["eval_" + name[4:]]] * epochs, rel=1e-5), name
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: train's `loss` is Keras's loss tracker, Σ weighted nats / all token "
-                   "slots (padding counted as 0), not nats per real token; fix in train/callbacks.py, then drop this mark")
 def test_the_training_loss_train_reports_is_nats_per_real_token(trained):
     """perplexity = exp(loss) per real target token, as for the evaluation's loss."""
     metrics, expected = trained["metrics"], _last_epoch(trained)

@@ -13,6 +13,25 @@ from tpu_pipeline.train.preemption import PreemptionFlag
 from tpu_pipeline.train.run_files import RunFiles
 
 
+
+def reported(logs: dict[str, Any]) -> dict[str, Any]:
+    """Keras's logs under the names and meanings `train` reports (step and epoch lines, history).
+
+    Keras's loss tracker divides the weighted loss by every slot of the batch, zero-weight padding
+    included: a language model's `loss` was 4.17 where the nats per real token were 5.56 (75% real
+    tokens), and perplexity != exp(loss). So a language model (it reports `token_accuracy`) reports its
+    `cross_entropy` metric, weighted by the token weights, as `loss`; and `val_loss` is the exact
+    validation loss (`val_cross_entropy`) for every task, since an exact evaluation pads its last steps.
+    A classifier's training `loss` stays Keras's (training batches carry no padding; it includes any
+    regularization terms the model adds)."""
+    shown = dict(logs)
+    if "token_accuracy" in shown and "cross_entropy" in shown:
+        shown["loss"] = shown["cross_entropy"]
+    shown.pop("cross_entropy", None)
+    if "val_cross_entropy" in shown:
+        shown["val_loss"] = shown.pop("val_cross_entropy")
+    return shown
+
 class StepClock:
     """Cumulative time spent in training steps, and what those steps trained.
 
@@ -114,7 +133,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
             return
         logs = logs or {}
         total = f"/{self.total_steps}" if self.total_steps else ""
-        metrics = " ".join(f"{k} {v:.4f}" for k, v in logs.items() if isinstance(v, (int, float)) and k != "cross_entropy")
+        metrics = " ".join(f"{k} {v:.4f}" for k, v in reported(logs).items() if isinstance(v, (int, float)))
         self.printer(f"step {step}{total} {metrics} | {self._since(mark)}")
         self._mark = (step, self.clock.snapshot())
 
@@ -124,9 +143,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         """One Keras-style line per epoch: train and validation metrics, the rate and input wait of its steps."""
         logs = logs or {}
-        shown = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "cross_entropy"}
-        if "val_cross_entropy" in shown:  # the exact validation loss (Keras's val_loss counts padding)
-            shown["val_loss"] = shown.pop("val_cross_entropy")
+        shown = {k: v for k, v in reported(logs).items() if isinstance(v, (int, float))}
         train = " ".join(f"{k} {v:.4f}" for k, v in shown.items() if not k.startswith("val_"))
         validation = " ".join(f"{k} {v:.4f}" for k, v in shown.items() if k.startswith("val_"))
         total = f"/{self.epochs_total}" if self.epochs_total else ""
@@ -233,12 +250,7 @@ class TrainState:
 
     def finish_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
         history = self.history()
-        logs = dict(logs)
-        logs.pop("cross_entropy", None)  # in training, the loss without regularization: `loss` says it
-        if "val_cross_entropy" in logs:
-            # Keras's val_loss counts the zero-weight padding of an exact evaluation; this does not.
-            logs["val_loss"] = logs.pop("val_cross_entropy")
-        for name, value in logs.items():
+        for name, value in reported(logs).items():
             if isinstance(value, (int, float)) or hasattr(value, "numpy"):
                 history.setdefault(name, []).append(float(value))
         history.setdefault("epoch", []).append(epoch + 1)
