@@ -60,6 +60,28 @@ def test_the_shipped_text_config_switches_to_pad_with_the_mode_alone_where_its_d
     assert config.eval_data.sequence.mode == "pad" and config.eval_data.sequence.length == 64
 
 
+@pytest.mark.parametrize("mode, overflow", [("pack", "split"), ("pad", "truncate"), ("bucket", "truncate")])
+def test_the_shipped_text_config_takes_each_mode_with_one_override(mode, overflow):
+    """configs/text_lm.yaml's documents are longer than a row: overflow auto splits them in pack mode and
+    keeps their heads in pad and bucket modes, so the mode is the only key to change (the plan says so)."""
+    from tpu_pipeline.pipeline.plan import make_plan
+    from tpu_pipeline.pipeline.sources import ArraySource
+
+    config = load_config(TEXT_LM, [f"data.sequence.mode={mode}"])
+    assert config.data.sequence.overflow == "auto" and config.data.sequence.resolved_overflow() == overflow
+    assert config.eval_data.sequence.resolved_overflow() == overflow
+    assert outputs(config) == {"pack": PACK, "pad": PAD, "bucket": BUCKET}[mode]
+    plan = make_plan(config.data, ArraySource({"tokens": [[1, 2, 3]]}))
+    assert plan.sequence.value.overflow == overflow and "(overflow auto)" in plan.sequence.reason
+
+
+def test_an_explicit_overflow_is_kept_and_split_is_refused_outside_pack():
+    config = load_config(TEXT_LM, ["data.sequence.mode=pad", "data.sequence.overflow=error"])
+    assert config.data.sequence.resolved_overflow() == "error"
+    with pytest.raises(ConfigError, match="overflow=split"):
+        load_config(TEXT_LM, ["data.sequence.mode=pad", "data.sequence.overflow=split"])
+
+
 def test_explicit_outputs_win_and_null_means_none():
     raw = lm_config("/data", "/run")
     raw["data"]["outputs"] = {"inputs": ["inputs", "inputs_segment_ids"], "targets": "targets"}
@@ -90,8 +112,8 @@ def test_a_data_config_built_in_python_is_not_changed_by_the_config_that_holds_i
     ({}, {"keys": ["inputs", "targets"], "length": 128, "mode": "pack", "overflow": "split"}),  # no eval sequence
     ({"sequence": {"length": 64}}, {"keys": ["inputs", "targets"], "length": 64, "mode": "pack", "overflow": "split"}),
     ({"sequence": {"length": None}}, {"keys": ["inputs", "targets"], "length": 128, "mode": "pack", "overflow": "split"}),
-    # another mode: only keys and length follow (overflow: split is pack's alone)
-    ({"sequence": {"mode": "pad"}}, {"keys": ["inputs", "targets"], "length": 128, "mode": "pad", "overflow": "error"}),
+    # another mode: only keys and length follow (overflow: split is pack's alone; auto truncates in pad mode)
+    ({"sequence": {"mode": "pad"}}, {"keys": ["inputs", "targets"], "length": 128, "mode": "pad", "overflow": "auto"}),
 ])
 def test_eval_data_sequence_follows_data_sequence_where_it_sets_nothing(given, expected):
     raw = without_outputs(lm_config("/data", "/run", length=128))

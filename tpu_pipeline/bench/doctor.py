@@ -147,7 +147,7 @@ def long_examples(config: DataConfig, key: str, length: int, sample: int = SAMPL
     far = lengths[lengths > FAR_LONGER * length]
     if not len(far):
         return None
-    return LongExamples(int(len(far)), int(len(lengths)), int(far.max()), int(far.sum()), config.sequence.overflow)
+    return LongExamples(int(len(far)), int(len(lengths)), int(far.max()), int(far.sum()), config.sequence.resolved_overflow())
 
 
 def sequence_report(config: DataConfig, plan: Plan, measured: Optional[Measurement] = None,

@@ -37,9 +37,11 @@ class SequenceConfig(StrictModel):
         "pack", description="pad: one example per row, padded; bucket: batches of similar lengths; "
         "pack: several examples per row (the densest)"
     )
-    overflow: Literal["error", "truncate", "split"] = pydantic.Field(
-        "error", description="an example longer than length: error (one line naming the key and lengths), "
-        "truncate (keep the head), split (pack mode: chunks of length, each its own segment)"
+    overflow: Literal["auto", "error", "truncate", "split"] = pydantic.Field(
+        "auto", description="an example longer than length: error (one line naming the key and lengths), "
+        "truncate (keep the head), split (pack mode: chunks of length, each its own segment); auto: split in pack "
+        "mode (nothing is lost), truncate in pad and bucket modes (one example per row: the head), so changing the "
+        "mode is one key; convert and doctor count the documents far longer than a row"
     )
     boundaries: Optional[list[pydantic.PositiveInt]] = pydantic.Field(
         None, description="bucket mode: increasing bucket lengths; the last is at most length (added if missing)"
@@ -95,6 +97,12 @@ class SequenceConfig(StrictModel):
         if self.bucket_batch == "tokens" and self.mode != "bucket":
             raise ConfigError(f"{prefix}.bucket_batch: only with mode: bucket")
         return self
+
+    def resolved_overflow(self) -> str:
+        """overflow with auto resolved: split (pack), truncate (pad, bucket)."""
+        if self.overflow != "auto":
+            return self.overflow
+        return "split" if self.mode == "pack" else "truncate"
 
     def lengths(self) -> dict[str, int]:
         """{key: length} for every key."""

@@ -25,6 +25,7 @@ follows the plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -578,11 +579,15 @@ def _sequence_ops(sequence: Optional[SequencePlan], batched: bool) -> tuple[list
     if sequence.mode == "bucket":
         if sequence.overflow != "truncate":
             return [], []  # error: the bucket stage names the example that does not fit
-        cut = (lambda t, n: t[:, :n]) if batched else (lambda t, n: t[:n])
-        return [lambda features, seed=None: {**features, **{key: cut(features[key], length)
-                                                            for key, length in sequence.lengths.items()}}], [False]
+        return [functools.partial(_cut_to_length, lengths=sequence.lengths, batched=batched)], [False]
     pad = pad_batch if batched else pad_example
     return [lambda features, seed=None: pad(features, sequence.lengths, sequence.overflow)], [False]
+
+
+def _cut_to_length(features: dict, seed: Any = None, *, lengths: dict, batched: bool) -> dict:
+    """Each sequence key's first `length` tokens (of every example of a batch, when `batched`)."""
+    cut = {key: features[key][:, :length] if batched else features[key][:length] for key, length in lengths.items()}
+    return {**features, **cut}
 
 
 def _sequence_stages(sequence: Optional[SequencePlan], batch: Batch, num_parallel_calls: Any,

@@ -160,28 +160,33 @@ def _sequence(config: DataConfig, prefix: str, source: Source, files: tuple[str,
         return Decision(None, "no data.sequence: every feature has a static shape")
     key = f"{prefix}.sequence"
     lengths = sequence.lengths()
+    overflow = sequence.resolved_overflow()
+    cut = {"split": "longer examples cut into chunks of the length, each its own segment",
+           "truncate": "longer examples keep their first length tokens",
+           "error": "a longer example stops the pipeline"}[overflow]
+    cut += " (overflow auto)" if sequence.overflow == "auto" else ""
     if sequence.mode == "pad":
-        return Decision(SequencePlan("pad", lengths, 0, sequence.overflow, sequence.algorithm),
-                        f"{key}.mode=pad: each example padded to its length, a mask beside it")
+        return Decision(SequencePlan("pad", lengths, 0, overflow, sequence.algorithm),
+                        f"{key}.mode=pad: each example padded to its length, a mask beside it; {cut}")
     if sequence.mode == "bucket":
         bounds = tuple(sequence.boundaries or _default_boundaries(sequence.max_length))
         if bounds[-1] < sequence.max_length:
             bounds += (sequence.max_length,)
         window = sequence.window if sequence.window != "auto" else BUCKET_WINDOW_BATCHES * config.batch_size
-        return Decision(SequencePlan("bucket", lengths, int(window), sequence.overflow, sequence.algorithm, bounds,
+        return Decision(SequencePlan("bucket", lengths, int(window), overflow, sequence.algorithm, bounds,
                                      sequence.bucket_batch),
                         f"{key}.mode=bucket: {len(bounds)} shapes ({', '.join(map(str, bounds))}), one per step; "
-                        f"windows of {window} examples" + (" (auto: 32 global batches)" if sequence.window == "auto" else ""))
+                        f"windows of {window} examples" + (" (auto: 32 global batches)" if sequence.window == "auto" else "") + f"; {cut}")
     longest = sequence.max_length
     window = pack_window(longest) if sequence.window == "auto" else int(sequence.window)
     row_shuffle, shuffle_why = _row_shuffle(config, window * longest, prefix)
     tokens = window * longest * max(1, row_shuffle)
     block, block_why = _parse_block(source, files)
-    return Decision(SequencePlan("pack", lengths, window, sequence.overflow, sequence.algorithm,
+    return Decision(SequencePlan("pack", lengths, window, overflow, sequence.algorithm,
                                  row_shuffle=row_shuffle, parse_block=block),
                     f"{key}.mode=pack: {sequence.algorithm} over windows of {window} chunks of at most {longest} "
                     f"tokens" + (" (auto: measured, docs/sequences.md)" if sequence.window == "auto" else "")
-                    + f"; {shuffle_why}; at most {tokens:,} tokens per key held at once; {block_why}")
+                    + f"; {cut}; {shuffle_why}; at most {tokens:,} tokens per key held at once; {block_why}")
 
 
 # Pack mode parses records in blocks (one ragged batch), then cuts them into chunks. A block of a
