@@ -212,8 +212,12 @@ class PackRows(Windowed):
         pipeline = context.input_pipeline_id
 
         def pool(windows: Features) -> Features:
-            rows = {key: value.values for key, value in windows.items() if key not in (EXAMPLE, CHUNK)}
-            example, first_chunk = windows[EXAMPLE][0], windows[CHUNK][0]
+            """Rows of one window (`row_shuffle` <= 1) or a ragged batch of windows, permuted and numbered."""
+            batched = isinstance(windows[keys[0]], tf.RaggedTensor)
+            rows = {key: value.values if batched else value for key, value in windows.items()
+                    if key not in (EXAMPLE, CHUNK)}
+            example, first_chunk = (windows[EXAMPLE][0], windows[CHUNK][0]) if batched else (windows[EXAMPLE],
+                                                                                             windows[CHUNK])
             count = tf.shape(rows[keys[0]])[0]
             if self.row_shuffle:
                 seed = seeds.key(self.seed, seeds.ROW_SHUFFLE, pipeline, example, first_chunk)
@@ -221,7 +225,9 @@ class PackRows(Windowed):
                 rows = {key: tf.gather(value, order) for key, value in rows.items()}
             return {**rows, **position_fields(example, first_chunk, tf.range(count))}
 
-        pools = packed.ragged_batch(max(1, self.row_shuffle)).map(pool, name="row_pool").unbatch()
+        # A pool of one window needs no ragged batch (it copies every row).
+        pools = packed.ragged_batch(self.row_shuffle) if self.row_shuffle > 1 else packed
+        pools = pools.map(pool, name="row_pool").unbatch()
         return pools.skip(skip) if skip else pools
 
 
