@@ -193,7 +193,7 @@ def _sequence(config: DataConfig, prefix: str, source: Source, files: tuple[str,
 # fixed number of records holds that many times the longest document (256 copies of one 30 MB
 # document, repeated, took 8 GB): blocks are sized to ~PACK_PARSE_BYTES of serialized records by the
 # dataset's mean record, from its files' sizes and metadata.json's count (no record read).
-PACK_PARSE_BLOCK = 256
+PACK_PARSE_BLOCK = 4096  # at most, records of a few bytes: the per-block op costs amortized
 PACK_PARSE_BYTES = 8 << 20
 
 
