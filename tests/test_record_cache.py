@@ -161,6 +161,8 @@ def test_doctor_proposes_the_record_cache_when_the_files_fit_but_it_is_off(tmp_p
     off = config.model_copy(update={"cache": config.cache.model_copy(update={"records": False})})
     proposals = [fix for finding in findings_for(off, plan_of(off), 2) for fix in finding.overrides]
     assert "data.cache.records=true" in proposals
+    # never both caches (the config refuses them together): the one measured to fit
+    assert "data.cache.enabled=true" not in proposals, proposals
     assert "data.cache.records=true" not in [fix for f in findings_for(config, plan_of(config), 2) for fix in f.overrides]
 
 

@@ -426,13 +426,15 @@ def findings_for(config: DataConfig, plan: Plan, cores: int) -> list[Finding]:
             f"a private pool of {cores} threads and one thread per op keep every core on whole examples",
             (f"data.options.private_threadpool_size={cores}", "data.options.max_intra_op_parallelism=1"),
         ))
-    if not config.cache.enabled and config.preprocess and not any(get_op(o.op).random for o in config.preprocess):
+    records_fit = any("data.cache.records=true" in f.overrides for f in found)
+    if (not config.cache.enabled and config.preprocess and not records_fit
+            and not any(get_op(o.op).random for o in config.preprocess)):
+        # The config refuses both caches at once: the record cache, measured to fit in memory, comes
+        # first; the examples' cache (decoded, often many times larger) only where it was not proposed.
         found.append(Finding(
             "deterministic preprocessing is recomputed every epoch; if its output fits in memory, cache it",
             ("data.cache.enabled=true",),
         ))
-        # Caching the examples spares the file reads too, and the config refuses both caches at once.
-        found = [f for f in found if "data.cache.records=true" not in f.overrides]
     return found
 
 
