@@ -90,6 +90,7 @@ def test_two_workers_train_a_packed_language_model_on_the_documents_of_an_uninte
     raw = lm_config(data_dir, run_dir, length=128, epochs=EPOCHS, steps=STEPS_PER_EPOCH, eval_data=False,
                     checkpoint_every_steps=2, max_checkpoints=2)
     raw["data"]["sequence"]["window"] = 16  # small windows: the two hosts' places differ soon
+    raw["data"]["sequence"]["row_shuffle"] = 2  # and small pools of shuffled rows (the unit of a resume)
     raw["cluster"] = {}  # TF_CONFIG decides: MultiWorkerMirroredStrategy, one replica per worker
     config_path = str(tmp_path / "config.json")
     json.dump(raw, open(config_path, "w"))
@@ -110,9 +111,9 @@ def test_two_workers_train_a_packed_language_model_on_the_documents_of_an_uninte
     wait_for_step(workers, out_dir, killed_at + rng.randint(2, 3))
     workers[1].send_signal(signal.SIGTERM)
     printed = finish(workers)
-    assert [w.returncode for w in workers] == [143, 143], show(printed)
-    assert "input pipeline 0 of 2 from window" in printed[0], show(printed)
-    assert "worker 1: resumed from" in printed[1] and "input pipeline 1 of 2 from window" in printed[1], show(printed)
+    assert [w.returncode for w in workers] == [143, 143], ([w.returncode for w in workers], show(printed))
+    assert "input pipeline 0 of 2 from the window at example" in printed[0], show(printed)
+    assert "worker 1: resumed from" in printed[1] and "input pipeline 1 of 2 from the window at example" in printed[1], show(printed)
 
     # 3. Both finish.
     workers = start_workers(config_path, out_dir)
