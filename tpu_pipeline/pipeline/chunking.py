@@ -43,15 +43,20 @@ def as_blocks(dataset: tf.data.Dataset, keys: Sequence[str]) -> tf.data.Dataset:
     return dataset if _is_block(dataset.element_spec, keys) else dataset.ragged_batch(EXAMPLES_PER_BLOCK)
 
 
+def overflow_message(key: str, length: int, mode: str) -> str:
+    """The one line an example longer than its row gets with overflow: error."""
+    fix = "truncate (or split)" if mode == "pack" else "truncate"
+    return (f"data.sequence: an example of {key} is longer than length {length}; set "
+            f"data.sequence.overflow: {fix}, raise data.sequence.length, or cut it with a truncate op")
+
+
 def overflow_check(counts: tf.Tensor, keys: Sequence[str], limits: Sequence[int], mode: str) -> tf.Operation:
     """overflow=error: one InvalidArgumentError naming the key and the length."""
     checks = []
     for i, (key, limit) in enumerate(zip(keys, limits)):
         longest = tf.reduce_max(tf.concat([counts[:, i], [0]], 0))
-        checks.append(tf.debugging.assert_less_equal(
-            longest, tf.constant(limit, tf.int64), message=(f"data.sequence: an example of {key} is longer than length {limit}; set "
-                                     f"data.sequence.overflow: {'truncate (or split)' if mode == 'pack' else 'truncate'}"
-                                     ", raise data.sequence.length, or cut it with a truncate op")))
+        checks.append(tf.debugging.assert_less_equal(longest, tf.constant(limit, tf.int64),
+                                                     message=overflow_message(key, limit, mode)))
     return tf.group(checks)
 
 

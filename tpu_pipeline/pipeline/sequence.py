@@ -26,19 +26,13 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
-from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream
+from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, overflow_message
 from tpu_pipeline.pipeline.packing import Pack
 from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields
 
 Features = dict[str, Any]
 INDEX_KEY = "_index"  # an output's place among its window's outputs (stages.POSITION_KEYS)
 EXAMPLE_MASK = "example_mask"  # bucket mode: 1 for a real example, 0 for a padding one (an empty example is real)
-
-
-def overflow_message(key: str, length: int, mode: str) -> str:
-    fix = "truncate (or split)" if mode == "pack" else "truncate"
-    return (f"data.sequence: an example of {key} is longer than length {length}; set "
-            f"data.sequence.overflow: {fix}, raise data.sequence.length, or cut it with a truncate op")
 
 
 def fit_length(tokens: tf.Tensor, key: str, length: int, overflow: str, mode: str) -> tf.Tensor:
