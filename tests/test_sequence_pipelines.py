@@ -662,3 +662,12 @@ def test_a_ragged_feature_without_data_sequence_is_refused_for_tpu_naming_data_s
     problems = str(error.value).splitlines()[1:]  # a header, then one line per feature at fault
     assert len(problems) == 1 and "'tokens'" in problems[0] and "data.sequence" in problems[0], str(error.value)
     assert "Traceback" not in str(error.value)
+
+
+def test_pack_with_overflow_error_names_the_key_and_length_when_an_example_is_longer(files):
+    """overflow: error in pack mode is checked where the stream is cut into chunks (before any window)."""
+    assert max(LENGTHS) > LENGTH
+    pipeline = Pipeline.from_config(make_config(files, "pack", overflow="error"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"an example of tokens is longer than length {LENGTH}"):
+        for _ in pipeline.build():
+            pass
