@@ -33,14 +33,15 @@ EXAMPLES_PER_BLOCK = 64  # single examples are grouped into blocks of this many 
 Features = dict[str, Any]
 
 
-def _is_block(spec: Mapping[str, Any], keys: Sequence[str]) -> bool:
+def is_block(spec: Mapping[str, Any], keys: Sequence[str]) -> bool:
+    """Elements that already are blocks (a batched parse's windows): each key a ragged batch [n, None]."""
     return all(isinstance(spec[key], tf.RaggedTensorSpec) and spec[key].shape.rank == 2 for key in keys)
 
 
 def as_blocks(dataset: tf.data.Dataset, keys: Sequence[str]) -> tf.data.Dataset:
     """Elements as blocks of examples (each key a ragged [n, None]): single examples are
     ragged-batched; blocks (a batched parse's ragged batches) pass as they are."""
-    return dataset if _is_block(dataset.element_spec, keys) else dataset.ragged_batch(EXAMPLES_PER_BLOCK)
+    return dataset if is_block(dataset.element_spec, keys) else dataset.ragged_batch(EXAMPLES_PER_BLOCK)
 
 
 def overflow_message(key: str, length: int, mode: str) -> str:

@@ -26,7 +26,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
-from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, overflow_message
+from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message
 from tpu_pipeline.pipeline.packing import Pack
 from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields
 
@@ -143,7 +143,7 @@ class Windowed:
             raise ValueError(f"a bucket window resumes at a window boundary: {position} is not a multiple of "
                              f"{self.window}")
         first = position // self.window
-        if _is_window(dataset.element_spec, self.keys):
+        if is_block(dataset.element_spec, self.keys):
             windows = dataset
         else:
             windows = window_of(dataset, self.window, self.keys)
@@ -151,11 +151,6 @@ class Windowed:
         numbered = tf.data.Dataset.zip((tf.data.Dataset.range(first, 1 << 62), windows))
         placed = self.place(numbered, context)
         return placed.skip(skip) if skip else placed
-
-
-def _is_window(spec: Mapping[str, Any], keys: Sequence[str]) -> bool:
-    """Elements that already are windows: each key a ragged batch [W, None]."""
-    return all(isinstance(spec[key], tf.RaggedTensorSpec) and spec[key].shape.rank == 2 for key in keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +180,7 @@ class PackRows(Windowed):
 
     def check_features(self, spec: Mapping[str, Any]) -> None:
         # One line naming a feature that would ride along in a row, or a missing or misshapen key.
-        given = all(key in spec for key in self.keys) and _is_window(spec, self.keys)
+        given = all(key in spec for key in self.keys) and is_block(spec, self.keys)
         self._packer(given).check_spec(spec)
 
     def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0,
