@@ -53,6 +53,9 @@ flags.DEFINE_string("text_field", None, "text: read JSON lines (.jsonl/.json), t
 flags.DEFINE_string("ids_field", None, "text: read JSON lines whose field holds pre-tokenized ids (a list of ints); "
                     "needs --vocab_size")
 flags.DEFINE_integer("vocab_size", None, "text with --ids_field: every id must lie in [0, vocab_size)")
+flags.DEFINE_integer("max_record_tokens", 65_536, "text: a longer document is written as consecutive records "
+                     "of at most this many tokens (EOS only at its end), so reading one costs bounded memory; "
+                     "0: one record per document")
 flags.DEFINE_boolean("progress", True, "show a progress bar")
 FLAGS = flags.FLAGS
 
@@ -67,7 +70,7 @@ def make_source(kind: str, target: str, more: Sequence[str] = ()) -> ConvertSour
         return TextSource(
             [target, *more], splits=splits, seed=FLAGS.seed, shuffle=FLAGS.shuffle, tokenizer=FLAGS.tokenizer,
             document_per_line=FLAGS.document_per_line, text_field=FLAGS.text_field, ids_field=FLAGS.ids_field,
-            vocab_size=FLAGS.vocab_size,
+            vocab_size=FLAGS.vocab_size, max_record_tokens=FLAGS.max_record_tokens,
         )
     if kind == "image-folder":
         from tpu_pipeline.records.image_folder import ImageFolderSource
@@ -139,10 +142,14 @@ def long_documents_line(metadata: dict[str, Any]) -> str:
     count = sum(entry["num_long_documents"] for entry in splits.values())
     where, longest = max(((name, entry.get("longest_document_tokens", 0)) for name, entry in splits.items()),
                          key=lambda pair: pair[1])
+    parts = metadata.get("max_record_tokens") or 0
+    stored = (f"each is stored as records of at most {parts:,} tokens, read as separate examples (no attention "
+              "across them); " if parts and longest > parts else "")
+    head = "each record's" if stored else "only its"
     return (f"  warning: {count:,} document(s) have more than {LONG_DOCUMENT_TOKENS:,} tokens (the longest "
-            f"{longest:,}, in {where}); in training, data.sequence.overflow: split cuts each into chunks of "
-            "data.sequence.length tokens, each its own segment (no attention across chunks), and overflow: "
-            "truncate keeps only its first length tokens")
+            f"{longest:,}, in {where}); {stored}in training, data.sequence.overflow: split cuts each into chunks "
+            "of data.sequence.length tokens, each its own segment (no attention across chunks), and overflow: "
+            f"truncate keeps {head} first length tokens")
 
 
 def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, already_complete: bool) -> str:
@@ -155,7 +162,8 @@ def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, a
         megabytes = sum(entry["bytes"]) / 2**20
         if "num_documents" in entry:
             empty = f"; {entry['num_empty']:,} empty document(s) counted, not written" if entry.get("num_empty") else ""
-            lines.append(f"  {split}: {entry['num_documents']:,} documents, {entry['num_tokens']:,} tokens in "
+            parts = f" in {entry['num_examples']:,} records" if entry.get("num_split_documents") else ""
+            lines.append(f"  {split}: {entry['num_documents']:,} documents{parts}, {entry['num_tokens']:,} tokens in "
                          f"{len(entry['files'])} shard(s), {megabytes:.1f} MB{empty}")
         else:
             lines.append(f"  {split}: {entry['num_examples']} examples in {len(entry['files'])} shard(s), {megabytes:.1f} MB")

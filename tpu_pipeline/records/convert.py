@@ -26,7 +26,7 @@ import re
 import sys
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Optional, Protocol, Union
+from typing import Any, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
 import tensorflow as tf
 from absl import logging
@@ -59,12 +59,13 @@ class ItemError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Encoded:
-    """What `encode` may return instead of the serialized example: the record, or None for an item that
-    is counted but not written (an empty document), plus numbers summed per shard and per split (tokens,
-    text bytes; a key starting with "max_" keeps the largest instead) that the source's `split_metadata`
-    turns into metadata.json keys."""
+    """What `encode` may return instead of the serialized example: the records of one item, written one
+    after another (none: the item is counted but not written, e.g. an empty document; several: a long
+    document in parts of bounded size), plus numbers summed per shard and per split (tokens, text bytes;
+    a key starting with "max_" keeps the largest instead) that the source's `split_metadata` turns into
+    metadata.json keys."""
 
-    record: Optional[bytes]
+    records: tuple[bytes, ...]
     stats: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -328,9 +329,9 @@ def _write_split(
                     )
                 writer.skip(error)
             elif isinstance(record, Encoded):
-                writer.write(record.record, record.stats)
+                writer.write(record.records, record.stats)
             else:
-                writer.write(record)
+                writer.write(() if record is None else (record,))
         if writer.shard is not None:
             writer.finish()
             written += 1
@@ -359,9 +360,9 @@ class _ShardWriter:
         self.temp = tf.io.gfile.join(self.state, f"{name}.tmp-{uuid.uuid4().hex[:8]}")
         self.writer = tf.io.TFRecordWriter(self.temp, self.options)
 
-    def write(self, record: Optional[bytes], stats: Optional[Mapping[str, int]] = None) -> None:
-        """Writes `record` (None: only its stats count, e.g. an empty document) and adds up `stats`."""
-        if record is not None:
+    def write(self, records: Sequence[bytes], stats: Optional[Mapping[str, int]] = None) -> None:
+        """Writes one item's `records` (none: only its stats count, e.g. an empty document) and adds up `stats`."""
+        for record in records:
             self.writer.write(record)
             self.count += 1
         for key, value in (stats or {}).items():  # summed; a "max_" key keeps the largest (e.g. the longest document)

@@ -5,6 +5,11 @@ A document is a whole .txt file, a line of it (`document_per_line`), or one JSON
 `text_field` (or its pre-tokenized `ids_field`). Documents are shuffled with `seed` and cut into
 splits by fraction, as for CSV rows; each one's ids end with the tokenizer's EOS.
 
+A document over `max_record_tokens` ids is written as consecutive records of at most that many (its
+parts; EOS only at the end of the last): reading a record costs memory in proportion to its size, so a
+bounded record keeps a 30 MB document from costing gigabytes where it is parsed. The pipeline reads each
+part as an example.
+
 Only offsets are kept in memory: the constructor counts the lines (one pass over the files), the
 writer's thread reads each document's bytes when its turn comes, and worker threads decode and
 tokenize them. Empty documents are counted (`num_empty`), not written; a line that is not UTF-8 or
@@ -39,6 +44,9 @@ Item = tuple[int, bytes]  # (document index, its raw bytes)
 # A document longer than this (in tokens) is far longer than any row a model trains on: convert counts
 # such documents and says what a data.sequence pipeline does with them.
 LONG_DOCUMENT_TOKENS = 65_536
+# The most ids one record holds (--max_record_tokens; 0: a document is one record, however long): 64K ids
+# parse in a few MB, and are longer than any row a model trains on today.
+MAX_RECORD_TOKENS = 65_536
 
 
 def _open(path: str) -> BinaryIO:
@@ -108,6 +116,11 @@ def line_bounds(path: str) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
+def _example(ids: list[int]) -> bytes:
+    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
+    return tf.train.Example(features=tf.train.Features(feature={FEATURE: feature})).SerializeToString()
+
+
 def _stat(path: str) -> tuple[int, int]:
     if "://" in path:
         stat = tf.io.gfile.stat(path)
@@ -125,10 +138,14 @@ class TextSource:
         self, paths: Sequence[str], *, splits: str = "train", seed: int = 0, shuffle: bool = True,
         tokenizer: Union[str, Tokenizer] = "bytes", document_per_line: bool = False,
         text_field: Optional[str] = None, ids_field: Optional[str] = None, vocab_size: Optional[int] = None,
+        max_record_tokens: int = MAX_RECORD_TOKENS,
     ) -> None:
         if isinstance(paths, str):
             paths = [paths]
         self._check_flags(tokenizer, document_per_line, text_field, ids_field, vocab_size)
+        if max_record_tokens < 0:
+            raise ConfigError(f"--max_record_tokens must be >= 0 (0: one record per document; given: {max_record_tokens})")
+        self.max_record_tokens = int(max_record_tokens)
         self.text_field, self.ids_field = text_field, ids_field
         self.json_lines = bool(text_field or ids_field)
         self.per_line = document_per_line or self.json_lines
@@ -193,7 +210,7 @@ class TextSource:
                 encoded = self.encode(item)
             except ItemError:
                 continue
-            sizes.append(len(encoded.record) + RECORD_OVERHEAD if encoded.record is not None else 0)
+            sizes.append(sum(len(record) + RECORD_OVERHEAD for record in encoded.records))
         mean = sum(sizes) / len(sizes) if sizes else 100
         return int(mean * len(indices))
 
@@ -243,7 +260,7 @@ class TextSource:
 
     def _encode_json(self, doc: int, text: str) -> Encoded:
         if not text.strip():  # a blank line holds no document: counted as empty
-            return Encoded(None, {"empty": 1})
+            return Encoded((), {"empty": 1})
         try:
             value = json.loads(text)
         except json.JSONDecodeError as error:
@@ -273,18 +290,19 @@ class TextSource:
         return content
 
     def _encode_ids(self, ids: list[int], text_bytes: Optional[int]) -> Encoded:
-        """One document's ids (+ EOS) as an Example; no ids at all is an empty document, counted."""
+        """One document's ids (+ EOS) as Examples of at most max_record_tokens ids each (its parts, in
+        order); no ids at all is an empty document, counted."""
         if not ids:
-            return Encoded(None, {"empty": 1})
+            return Encoded((), {"empty": 1})
         if self.tokenizer.eos_id is not None:
             ids = ids + [self.tokenizer.eos_id]
-        feature = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
-        record = tf.train.Example(features=tf.train.Features(feature={FEATURE: feature})).SerializeToString()
+        step = self.max_record_tokens or len(ids)
+        records = tuple(_example(ids[start:start + step]) for start in range(0, len(ids), step))
         stats = {"documents": 1, "tokens": len(ids), "max_tokens": len(ids),  # max_: the converter keeps the largest
-                 "long_documents": int(len(ids) > LONG_DOCUMENT_TOKENS)}
+                 "long_documents": int(len(ids) > LONG_DOCUMENT_TOKENS), "split_documents": int(len(records) > 1)}
         if text_bytes is not None:
             stats["text_bytes"] = text_bytes
-        return Encoded(record, stats)
+        return Encoded(records, stats)
 
     def features(self) -> dict[str, dict[str, Any]]:
         return {FEATURE: {"dtype": "int64", "kind": "ragged"}}
@@ -303,13 +321,15 @@ class TextSource:
             # Documents over LONG_DOCUMENT_TOKENS (convert warns) and the longest, in tokens.
             "num_long_documents": total["long_documents"],
             "longest_document_tokens": max((stats.get("max_tokens", 0) for stats in shard_stats), default=0),
+            # Documents written as several records (over max_record_tokens ids): num_examples counts records.
+            "num_split_documents": total["split_documents"],
         }
         if not self.ids_field:
             entry["num_text_bytes"] = total["text_bytes"]
         return entry
 
     def extra_metadata(self) -> dict[str, Any]:
-        return {"tokenizer": self.tokenizer.describe()}
+        return {"tokenizer": self.tokenizer.describe(), "max_record_tokens": self.max_record_tokens}
 
     def write_files(self, out_dir: str) -> list[str]:
         """A SentencePiece model is copied next to the shards (temporary file + rename), so the dataset
@@ -332,6 +352,7 @@ class TextSource:
             "per_line": self.per_line, "text_field": self.text_field, "ids_field": self.ids_field,
             "tokenizer": self.tokenizer.describe(), "tokenizer_sha256": getattr(self.tokenizer, "model_sha256", None),
             "splits": self.fractions, "seed": self.seed, "shuffle": self.shuffle,
+            "max_record_tokens": self.max_record_tokens,
         }
 
     def describe(self) -> dict[str, Any]:
