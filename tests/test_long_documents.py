@@ -123,3 +123,16 @@ def test_doctor_counts_examples_far_longer_than_the_row(whole_corpus, overflow):
     assert ("cuts each into chunks of 256 tokens" in line) == (overflow == "split"), line
     assert ("keeps only the first 256 tokens of each" in line) == (overflow == "truncate"), line
     assert long_examples(config, "tokens", 10 * max(LONG)) is None  # nothing far longer: no line
+    # A record longer than convert writes today (one per document, however long) is named, with the fix.
+    assert ("convert it again" in line) == (found.longest > MAX_RECORD_TOKENS), line
+
+
+def test_doctor_sees_the_parts_of_a_document_converted_today(corpus):
+    out, _ = corpus
+    data = {"source": {"type": "tfrecord", "dir": out, "split": "train"},
+            "features": {"tokens": {"dtype": "int64", "kind": "ragged", "cast": "int32"}},
+            "batch_size": 4, "shuffle": {"enabled": False}, "drop_remainder": False,
+            "sequence": {"keys": ["tokens"], "length": 256, "mode": "pack"}}
+    found = long_examples(config_from_dict({"data": data}).data, "tokens", 256)
+    assert found is not None and found.longest <= MAX_RECORD_TOKENS
+    assert "convert it again" not in found.line(256)

@@ -39,6 +39,7 @@ from tpu_pipeline.ops import get_op
 from tpu_pipeline.pipeline import Pipeline, Plan
 from tpu_pipeline.pipeline.efficiency import bucket_fraction, example_lengths, pack_fraction, pad_fraction, sequence_keys
 from tpu_pipeline.pipeline.sequence import bucket_batches
+from tpu_pipeline.records.text_source import MAX_RECORD_TOKENS
 
 
 NOISE_SHARE = 0.01  # stages below 1% of the per-example work are within measurement noise
@@ -127,8 +128,11 @@ class LongExamples:
                 "truncate": f"overflow: truncate keeps only the first {length} tokens of each, dropping "
                             f"{1 - self.count * length / max(self.tokens, 1):.1%} of their tokens",
                 "error": "overflow: error refuses them (the pipeline stops at the first)"}[self.overflow]
+        whole = (f"; a record over {MAX_RECORD_TOKENS:,} tokens costs memory in proportion where it is parsed "
+                 "(~100 bytes a token): convert it again with `tpu-pipeline convert --from text`, which stores long "
+                 f"documents as records of at most {MAX_RECORD_TOKENS:,}" if self.longest > MAX_RECORD_TOKENS else "")
         return (f"  warning: {self.count:,} of the {self.seen:,} examples seen are over {FAR_LONGER} x length "
-                f"({FAR_LONGER * length:,} tokens; the longest {self.longest:,}): {kept}")
+                f"({FAR_LONGER * length:,} tokens; the longest {self.longest:,}): {kept}{whole}")
 
 
 def long_examples(config: DataConfig, key: str, length: int, sample: int = SAMPLE_EXAMPLES) -> Optional[LongExamples]:
