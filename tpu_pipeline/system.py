@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 
 def local_path(path: str, absolute: bool = False) -> str:
@@ -13,6 +13,41 @@ def local_path(path: str, absolute: bool = False) -> str:
         return path
     expanded = os.path.expandvars(os.path.expanduser(path))
     return os.path.abspath(expanded) if absolute else expanded
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def _local(path: str) -> str:
+    """`path` cleaned lexically, as tf.io.gfile's local filesystem does (CleanPath): `a/../b` is `b`
+    and `f.yaml/` is `f.yaml`, so plain Python finds the same file tf.io.gfile found."""
+    return os.path.normpath(path) if path else path
+
+
+def _gfile() -> Any:
+    import tensorflow as tf  # noqa: PLC0415 (only URLs need it: reading a local config starts no TensorFlow)
+
+    return tf.io.gfile
+
+
+def path_exists(path: str) -> bool:
+    """Whether a local path or a tf.io.gfile URL (gs://...) exists; only a URL imports TensorFlow."""
+    return _gfile().exists(path) if _is_url(path) else os.path.exists(_local(path))
+
+
+def path_is_dir(path: str) -> bool:
+    """Whether a local path or a tf.io.gfile URL is a directory; only a URL imports TensorFlow."""
+    return _gfile().isdir(path) if _is_url(path) else os.path.isdir(_local(path))
+
+
+def read_text(path: str) -> str:
+    """A UTF-8 file's text, line endings untouched (as tf.io.gfile.GFile reads it); only a URL imports TensorFlow."""
+    if _is_url(path):
+        with _gfile().GFile(path, "r") as handle:
+            return handle.read()
+    with open(_local(path), encoding="utf-8", newline="") as handle:
+        return handle.read()
 
 
 def default_cache_dir() -> str:

@@ -11,7 +11,6 @@ import importlib
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
-import tensorflow as tf
 import yaml
 
 import pydantic
@@ -19,6 +18,7 @@ import pydantic
 from tpu_pipeline.config.base import _models_in, validate
 from tpu_pipeline.config.schema import Config, follow_train_sequence, unset_followed
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.system import path_exists, path_is_dir, read_text
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -46,19 +46,18 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _S
 
 
 def read_yaml(path: str) -> dict[str, Any]:
-    """Reads a YAML mapping from a local path or any tf.io.gfile URL (gs://...)."""
-    if not tf.io.gfile.exists(path):
+    """Reads a YAML mapping from a local path or any tf.io.gfile URL (gs://...); a local one starts no TensorFlow."""
+    if not path_exists(path):
         raise ConfigError(f"config file {path!r} does not exist; pass --config with a path to a YAML file")
-    if tf.io.gfile.isdir(path):
+    if path_is_dir(path):
         raise ConfigError(f"config file {path!r} is a directory; pass --config with a path to a YAML file")
-    with tf.io.gfile.GFile(path, "r") as handle:
-        try:
-            loaded = yaml.load(handle.read(), Loader=_StrictLoader)
-        except _DuplicateKey as error:
-            raise ConfigError(f"config file {path!r}, line {error.line}: key {error.key!r} is already set on line "
-                              f"{error.first_line}; keep one of them (YAML would silently use the last)") from None
-        except yaml.YAMLError as error:
-            raise ConfigError(f"config file {path!r} is not valid YAML: {error}") from None
+    try:
+        loaded = yaml.load(read_text(path), Loader=_StrictLoader)
+    except _DuplicateKey as error:
+        raise ConfigError(f"config file {path!r}, line {error.line}: key {error.key!r} is already set on line "
+                          f"{error.first_line}; keep one of them (YAML would silently use the last)") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {error}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -123,7 +122,7 @@ def read_layered(paths: Sequence[str]) -> dict[str, Any]:
 
 def params_override(text: str) -> dict[str, Any]:
     """tensorflow/models' --params_override: a YAML mapping given inline, or the path of a YAML file."""
-    if text.strip().endswith((".yaml", ".yml")) and tf.io.gfile.exists(text.strip()):
+    if text.strip().endswith((".yaml", ".yml")) and path_exists(text.strip()):
         return read_yaml(text.strip())
     try:
         loaded = yaml.load(text, Loader=_StrictLoader)
