@@ -11,6 +11,7 @@ import pydantic
 
 from tpu_pipeline.config.base import StrictModel
 from tpu_pipeline.config.sequence import SequenceConfig
+from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ConfigError
 
 AUTOTUNE = "autotune"
@@ -247,7 +248,7 @@ def derived_outputs(sequence: Optional[SequenceConfig], task: str) -> Optional[O
     bucket → its mask. The weights leave padding out: the targets' segment ids (pack) or mask (pad),
     and in bucket mode also `example_mask` (the filler examples of a bucket's last batches). None for
     a classifier (its label is the user's to name) or a single key (nothing to predict it from)."""
-    if sequence is None or task != "language_model" or len(sequence.keys) < 2:
+    if sequence is None or not predicts_tokens(task) or len(sequence.keys) < 2:
         return None
     target = "targets" if "targets" in sequence.keys else sequence.keys[-1]
     suffixes = SEQUENCE_INPUTS[sequence.mode]

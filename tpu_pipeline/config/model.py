@@ -75,8 +75,8 @@ class TransformerConfig(StrictModel):
         "token on the text demo at its budget (benchmarks/bench_lm_quality.py)"
     )
     vocab_size: Optional[pydantic.PositiveInt] = pydantic.Field(
-        None, description="None: the dataset's tokenizer vocabulary (metadata.json), else train.num_classes for a "
-        "language model"
+        None, description="None: train.num_classes for a language model (which must equal it when both are set), "
+        "else the dataset's tokenizer vocabulary (metadata.json)"
     )
     max_length: Optional[pydantic.PositiveInt] = pydantic.Field(
         None, description="rows of the position embedding; None: the static sequence length of the inputs"

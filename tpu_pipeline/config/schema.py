@@ -10,6 +10,7 @@ from tpu_pipeline.config.base import StrictModel
 from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.config.data import DataConfig, derived_outputs
 from tpu_pipeline.config.model import ModelConfig
+from tpu_pipeline.config.tasks import check_one_vocabulary
 from tpu_pipeline.config.train import TrainConfig
 
 # eval_data.sequence keys that follow data.sequence unless set: the ones that decide the shapes the model
@@ -62,6 +63,12 @@ class Config(StrictModel):
     cluster: ClusterConfig = ClusterConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
+
+    @pydantic.model_validator(mode="after")
+    def _one_vocabulary(self) -> "Config":
+        """A language model's train.num_classes and model.transformer.vocab_size, when both set, agree."""
+        check_one_vocabulary(self.train.task, self.train.num_classes, self.model.transformer.vocab_size)
+        return self
 
     @pydantic.model_validator(mode="after")
     def _derived_outputs(self) -> "Config":

@@ -6,6 +6,7 @@ from typing import Literal, Optional, Union
 import pydantic
 
 from tpu_pipeline.config.base import StrictModel
+from tpu_pipeline.config.tasks import TaskName
 
 # train.checkpoint_every_seconds: auto. A SIGKILL loses at most this many seconds of steps; a save
 # that takes longer than AUTO_MAX_SAVE_SHARE of that stretches the interval so that saving never takes
@@ -16,7 +17,7 @@ AUTO_MAX_SAVE_SHARE = 0.02
 
 
 class TrainConfig(StrictModel):
-    task: Literal["classification", "language_model"] = pydantic.Field(
+    task: TaskName = pydantic.Field(
         "classification", description="classification: one label per example; language_model: next-token "
         "prediction, a loss and token accuracy per target token weighted by data.outputs.weights"
     )

@@ -8,8 +8,9 @@ of kind ragged or sequence) against their vocabulary and for emptiness, and the 
 preprocessing ops one by one (so a failure names its op: a JPEG that does not decode). Per file:
 its record count against metadata.json. Random ops are left out: they are not the data's fault.
 
-The vocabulary of a file's token ids is its dataset's (the tokenizer in the metadata.json beside it,
-which lists it), else the config's (`config_vocabulary`); with none known, only negative ids are faults.
+A file's token ids must fit the model's vocabulary (`config_vocabulary`, the order `train` sizes the model
+by: `format.vocabulary`) and its dataset's tokenizer (the metadata.json beside it, which lists it), the
+smaller where both are known; with none known, only negative ids are faults.
 """
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.format.example_check import (Record as Proto, context_features, is_token_feature, misfit,
                                                 parse_record, token_ids)
 from tpu_pipeline.format.metadata import read_metadata
+from tpu_pipeline.format.vocabulary import Vocabulary, checked_vocabulary, model_vocabulary, tokenizer_vocabulary
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.record_scan import FramingFault, Record, scan_records
@@ -45,7 +48,6 @@ FIXES = {
     "token_out_of_vocab": "token ids are 0..vocab_size-1 (a -1 is often padding written into the record): convert "
                       "again with the right tokenizer, without padding",
 }
-METADATA_TOKENIZER = "metadata.json tokenizer"
 
 
 TAIL_KINDS = ("truncated", "bad_length_crc", "unreadable")  # nothing after these can be read
@@ -68,42 +70,14 @@ class Fault:
         return f"{where}: {self.what}; {self.fix}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Vocabulary:
-    """The bound of token ids (0..size-1) and the key it comes from, which the fix of a fault names."""
-
-    size: int
-    origin: str = "vocab given"  # METADATA_TOKENIZER, 'model.transformer.vocab_size', 'train.num_classes'
-
-    def fix(self) -> str:
-        if self.origin == METADATA_TOKENIZER:
-            return (f"the ids do not come from this dataset's tokenizer (its metadata.json says vocab_size "
-                    f"{self.size}): convert again with the right tokenizer")
-        if self.origin == "train.num_classes":
-            return ("convert again with the right tokenizer, or set model.transformer.vocab_size to its vocabulary "
-                    "size (train.num_classes stands for it only when unset)")
-        if self.origin == "model.transformer.vocab_size":
-            return "convert again with the right tokenizer, or set model.transformer.vocab_size to its vocabulary size"
-        return "convert again with the right tokenizer, or give its vocabulary size"
-
-
 def config_vocabulary(config: Any) -> Optional[Vocabulary]:
-    """A whole config's token vocabulary: model.transformer.vocab_size, else train.num_classes when
-    train.task is language_model (the next token is the class); None when neither says."""
+    """A whole config's token vocabulary (`format.vocabulary.model_vocabulary` without a tokenizer):
+    model.transformer.vocab_size, else train.num_classes when train.task predicts tokens (the next
+    token is the class); None when neither says."""
     transformer = getattr(getattr(config, "model", None), "transformer", None)
-    if getattr(transformer, "vocab_size", None):
-        return Vocabulary(transformer.vocab_size, "model.transformer.vocab_size")
     train = getattr(config, "train", None)
-    if getattr(train, "task", None) == "language_model" and getattr(train, "num_classes", None):
-        return Vocabulary(train.num_classes, "train.num_classes")
-    return None
-
-
-def tokenizer_vocabulary(metadata: Optional[Mapping[str, Any]]) -> Optional[Vocabulary]:
-    """metadata.json's `tokenizer.vocab_size` (what `convert --from text` writes); None when absent."""
-    tokenizer = (metadata or {}).get("tokenizer")
-    size = tokenizer.get("vocab_size") if isinstance(tokenizer, Mapping) else None
-    return Vocabulary(size, METADATA_TOKENIZER) if isinstance(size, int) and size > 0 else None
+    return model_vocabulary(getattr(transformer, "vocab_size", None), getattr(train, "num_classes", None),
+                            predicts_tokens(getattr(train, "task", "")))
 
 
 def _listed_files(metadata: Optional[Mapping[str, Any]]) -> set[str]:
@@ -202,7 +176,7 @@ class FileChecker:
                  vocab: Optional[Vocabulary] = None, vocabularies: Optional[Mapping[str, Optional[Vocabulary]]] = None
                  ) -> None:
         """`vocab`: the config's (`config_vocabulary`); `vocabularies`: each file's own, from its dataset's
-        metadata.json (`dataset_vocabularies`), which comes first."""
+        metadata.json (`dataset_vocabularies`); a file's ids are checked against both (`checked_vocabulary`)."""
         self.features = features
         self.tokens = {name: feature for name, feature in features.items() if is_token_feature(feature)}
         self.vocab = vocab
@@ -215,8 +189,9 @@ class FileChecker:
         self.num_classes = num_classes
 
     def vocabulary(self, path: str) -> Optional[Vocabulary]:
-        """The bound of `path`'s token ids: its dataset's tokenizer, else the config's; None when unknown."""
-        return self.vocabularies.get(path) or self.vocab
+        """The bound of `path`'s token ids: the smaller of the model's vocabulary (the config's) and its
+        dataset's tokenizer, where known (`format.vocabulary.checked_vocabulary`); None when neither is."""
+        return checked_vocabulary(self.vocab, self.vocabularies.get(path))
 
     def vocabulary_note(self, files: Sequence[str]) -> Optional[str]:
         """What verify says once about token ids: the vocabulary they were checked against, or that none is known."""

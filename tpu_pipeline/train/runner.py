@@ -22,7 +22,9 @@ from tpu_pipeline.cluster import ClusterInfo, resolve
 from tpu_pipeline.cluster.coordination import CoordinationService, KeyValueStore, StoreUnavailable
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ClusterError, ConfigError
+from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabulary
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
@@ -66,16 +68,17 @@ def full_batches(pipeline: Pipeline, batch_size: int, section: str, steps_key: s
 
 def num_classes(config: Config, pipeline: Pipeline) -> int:
     """train.num_classes, else the number of class names the source knows (a dataset's metadata); for a
-    language model, the vocabulary: train.num_classes, model.transformer.vocab_size, or the tokenizer's."""
-    if config.train.task == "language_model":
-        vocab = (config.train.num_classes or config.model.transformer.vocab_size
-                 or pipeline.source.info().vocab_size)
+    task that predicts tokens, the vocabulary (`format.vocabulary.model_vocabulary`, the order `verify` uses):
+    model.transformer.vocab_size, train.num_classes, or the tokenizer's."""
+    if predicts_tokens(config.train.task):
+        vocab = model_vocabulary(config.model.transformer.vocab_size, config.train.num_classes, True,
+                                 tokenizer_vocabulary({"tokenizer": pipeline.source.info().tokenizer}))
         if vocab is None:
             raise ConfigError(
                 "train.task=language_model: the vocabulary size is unknown; convert the text with "
                 "`tpu-pipeline convert --from text` (its metadata.json says it), or set model.transformer.vocab_size"
             )
-        return vocab
+        return vocab.size
     known = config.train.num_classes or pipeline.source.info().num_classes
     if known is None:
         raise ConfigError(
