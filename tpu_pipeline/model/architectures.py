@@ -15,7 +15,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from tpu_pipeline.config.model import BatchNormConfig, ModelConfig
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.model.transformer import TASKS, build_transformer
+from tpu_pipeline.model.tasks import Task, task_named
+from tpu_pipeline.model.transformer import build_transformer
 from tpu_pipeline.model.user_models import ModelFn, build_application, call_model_fn, load_model_fn
 
 InputShape = Union[Sequence[Optional[int]], Mapping[str, Sequence[Optional[int]]]]
@@ -139,18 +140,8 @@ def _check_inputs(input_shape: InputShape) -> None:
         _check_shape(shape, f"input_shape[{name!r}]")
 
 
-def _check_classes(num_classes: int, task: str) -> None:
-    if task not in TASKS:
-        raise ConfigError(f"train.task={task!r}: use {' or '.join(TASKS)}")
-    if num_classes < 2:
-        if task == "language_model":
-            raise ConfigError(f"num_classes: a language model's logits are its vocabulary, at least 2 tokens, got "
-                              f"{num_classes}; set train.num_classes (or model.transformer.vocab_size)")
-        raise ConfigError(f"num_classes: a classifier needs at least 2 classes, got {num_classes}")
-
-
 def _build_transformer_network(keras: ModuleType, config: ModelConfig, input_shape: InputShape, num_classes: int,
-                               task: str) -> Any:
+                               task: Task) -> Any:
     """int32 inputs, one per name (a list shape is the token ids alone: one example per row, no padding)."""
     if isinstance(input_shape, Mapping):
         inputs = {name: keras.Input(shape=tuple(shape), dtype="int32", name=name)
@@ -167,7 +158,7 @@ def _build_transformer_network(keras: ModuleType, config: ModelConfig, input_sha
 
 
 def build_network(keras: ModuleType, config: ModelConfig, input_shape: InputShape, num_classes: int,
-                  model_fn: Optional[ModelFn] = None, *, task: str = "classification") -> Any:
+                  model_fn: Optional[ModelFn] = None, *, task: Union[str, Task] = "classification") -> Any:
     """Builds the uncompiled model: `model_fn` (from Python), `config.fn`, `config.application`, or the
     built-in network named by `config.architecture`.
 
@@ -177,17 +168,19 @@ def build_network(keras: ModuleType, config: ModelConfig, input_shape: InputShap
         [256]} (None for a length that varies per bucket), each an int32 input of the model.
       num_classes: the logits' width: classes, or a language model's vocabulary.
       model_fn: fn(input_shape=<the list or dict>, num_classes=N[, task=...]) -> Keras model.
-      task: 'classification' (logits [B, num_classes]) or 'language_model' (logits [B, L, num_classes]).
+      task: 'classification' (logits [B, num_classes]) or 'language_model' (logits [B, L, num_classes]), or a
+        `model.tasks.Task` object.
 
     Call it inside `strategy.scope()` and the dtype policy you want (build_model does both).
     """
-    _check_classes(num_classes, task)
+    task = task_named(task)
+    task.check_logits_width(num_classes)
     _check_inputs(input_shape)
     if model_fn is not None:  # a user's model may take a length that varies (data.sequence bucket mode)
-        return call_model_fn(keras, model_fn, input_shape, num_classes, "model_fn", task=task)
+        return call_model_fn(keras, model_fn, input_shape, num_classes, "model_fn", task=task.name)
     if config.fn is not None:
         return call_model_fn(keras, load_model_fn(config.fn), input_shape, num_classes,
-                             f"model.fn={config.fn!r}", task=task)
+                             f"model.fn={config.fn!r}", task=task.name)
     if config.application is None and config.architecture == "transformer":
         return _build_transformer_network(keras, config, input_shape, num_classes, task)
     name = f"model.application={config.application!r}" if config.application else \
@@ -195,8 +188,8 @@ def build_network(keras: ModuleType, config: ModelConfig, input_shape: InputShap
     if isinstance(input_shape, Mapping):
         raise ConfigError(f"{name} takes one input tensor, but the inputs are a dict {sorted(input_shape)}; use "
                           "model.architecture: transformer for token sequences, or your own model.fn")
-    if task != "classification":
-        raise ConfigError(f"train.task={task!r} needs model.architecture: transformer (or model.fn); {name} is a "
+    if task.predicts_tokens:
+        raise ConfigError(f"train.task={task.name!r} needs model.architecture: transformer (or model.fn); {name} is a "
                           "classifier")
     if any(d is None for d in input_shape):
         raise ConfigError(f"input_shape: {name} needs static sizes, got {list(input_shape)} (data.sequence bucket "

@@ -6,7 +6,6 @@ it never reads data or finds devices itself (pipeline and cluster are other laye
 from __future__ import annotations
 
 import logging
-from types import ModuleType
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -16,10 +15,10 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model.architectures import build_network
 from tpu_pipeline.model.user_models import ModelFn
 from tpu_pipeline.model.keras_backend import get_keras, global_policy, is_keras3
-from tpu_pipeline.model.metrics import language_model_metrics
 from tpu_pipeline.model.optimizers import build_optimizer
 from tpu_pipeline.model.precision import check_kind, resolve_precision
 from tpu_pipeline.model.schedules import build_schedule
+from tpu_pipeline.model.tasks import Task, task_named
 
 logger = logging.getLogger(__name__)
 
@@ -61,32 +60,6 @@ def resolve_steps_per_execution(config: ModelConfig, kind: str, num_replicas: in
     return int(value)
 
 
-TASKS = ("classification", "language_model")
-
-
-def _loss_and_metrics(keras: ModuleType, config: ModelConfig, task: str = "classification",
-                      byte_offset: Optional[int] = None) -> tuple[Any, list[Any]]:
-    """The loss, and metrics weighed by sample weights (`weighted_metrics`): an exact evaluation pads
-    its last batch with zero-weight examples, which plain metrics and Keras's loss tracker would
-    count. `cross_entropy` is the loss over the weighted examples only (no regularization terms).
-
-    A language model's targets are a token id per position, its weights one per token (0 on padding),
-    so the same sparse cross-entropy is per token and its metrics count each real token once."""
-    if task == "language_model":
-        if config.loss != "sparse_categorical_crossentropy":
-            raise ConfigError(f"model.loss={config.loss!r}: a language model predicts token ids; use "
-                              "sparse_categorical_crossentropy (the default)")
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True), language_model_metrics(keras, byte_offset)
-    if config.loss == "categorical_crossentropy":
-        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
-        return loss, [keras.metrics.CategoricalAccuracy(name="accuracy"),
-                      keras.metrics.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing,
-                                                            name="cross_entropy")]
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return loss, [keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-                  keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy")]
-
-
 def build_model(
     config: ModelConfig,
     *,
@@ -97,7 +70,7 @@ def build_model(
     steps_per_epoch: Optional[int],
     epochs: int,
     model_fn: Optional[ModelFn] = None,
-    task: str = "classification",
+    task: Union[str, Task] = "classification",
     byte_offset: Optional[int] = None,
 ) -> Any:
     """Builds and compiles the configured model inside `strategy.scope()`.
@@ -115,14 +88,14 @@ def build_model(
       model_fn: your model, fn(input_shape=..., num_classes=...) -> an uncompiled Keras model that
         outputs logits; called inside the scope (overrides config.fn/application/architecture).
       task: 'classification' (a label per example) or 'language_model' (a target token per position,
-        per-token weights; metrics token_accuracy, perplexity, and bits_per_byte with `byte_offset`).
+        per-token weights; metrics token_accuracy, perplexity, and bits_per_byte with `byte_offset`), or
+        a `model.tasks.Task` object; the task decides the loss and metrics (`Task.loss_and_metrics`).
       byte_offset: for byte-level token ids, the id of byte 0 (ids below it are special tokens).
 
     Returns:
       A compiled `tf_keras.Model` (a `keras.Model` when config.keras is 'keras3').
     """
-    if task not in TASKS:
-        raise ConfigError(f"train.task: {task!r} is not one of {', '.join(TASKS)}")
+    task = task_named(task)
     keras = get_keras(config.keras)
     precision = resolve_precision(config.precision, kind)
     num_replicas = strategy.num_replicas_in_sync
@@ -136,7 +109,7 @@ def build_model(
         model = build_network(keras, config, input_shape, num_classes, model_fn, task=task)
         schedule = build_schedule(keras, config.schedule, steps_per_epoch, epochs)
         optimizer = build_optimizer(keras, config.optimizer, schedule)
-        loss, metrics = _loss_and_metrics(keras, config, task, byte_offset)
+        loss, metrics = task.loss_and_metrics(keras, config, byte_offset)
         model.compile(
             optimizer=optimizer, loss=loss, weighted_metrics=metrics, steps_per_execution=steps_per_execution
         )

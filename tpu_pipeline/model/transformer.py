@@ -14,17 +14,17 @@ from __future__ import annotations
 import functools
 import math
 from types import ModuleType, SimpleNamespace
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 import tensorflow as tf
 
 from tpu_pipeline.config.model import ModelConfig, TransformerConfig
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.model.tasks import Task, task_named
 
 SEGMENT_SUFFIX = "_segment_ids"
 POSITION_SUFFIX = "_positions"
 MASK_SUFFIX = "_mask"
-TASKS = ("classification", "language_model")
 _MASKED_SCORE = -1e9  # finite: a softmax over masked scores stays a number in float32
 _INIT_STDDEV = 0.02  # GPT-2/BERT's embedding init (measured: as good as Keras's uniform ±0.05 here)
 
@@ -42,14 +42,14 @@ def find_tokens_key(tokens_key: Optional[str], names: list[str]) -> str:
     return candidates[0]
 
 
-def is_causal(cfg: TransformerConfig, task: str) -> bool:
-    """config.causal, else causal for a language model and bidirectional for a classifier."""
-    return cfg.causal if cfg.causal is not None else task == "language_model"
+def is_causal(cfg: TransformerConfig, task: Task) -> bool:
+    """config.causal, else the task's: causal for a language model and bidirectional for a classifier."""
+    return cfg.causal if cfg.causal is not None else task.causal
 
 
-def vocabulary_size(cfg: TransformerConfig, num_classes: int, task: str) -> int:
-    """Rows of the token embedding: vocab_size, else the language model's output vocabulary."""
-    if task == "language_model":
+def vocabulary_size(cfg: TransformerConfig, num_classes: int, task: Task) -> int:
+    """Rows of the token embedding: vocab_size, else the output vocabulary of a task that predicts tokens."""
+    if task.predicts_tokens:
         vocab = cfg.vocab_size or num_classes
         if cfg.tie_embeddings and vocab != num_classes:
             raise ConfigError(f"model.transformer.vocab_size={vocab} differs from the {num_classes} logits of the "
@@ -224,14 +224,13 @@ def _block(keras: ModuleType, cfg: TransformerConfig, x: Any, mask: Any, name: s
 
 
 def build_transformer(keras: ModuleType, config: ModelConfig, inputs: Mapping[str, Any], num_classes: int,
-                      task: str) -> Any:
+                      task: Union[str, Task]) -> Any:
     """The logits of a Transformer over `inputs` (name → int32 KerasTensor [B, L]).
 
     language_model: [B, L, num_classes] (num_classes is the vocabulary), causal unless
     model.transformer.causal says otherwise. classification: [B, num_classes] from the pooled row.
     """
-    if task not in TASKS:
-        raise ConfigError(f"train.task={task!r}: the transformer builds {' or '.join(TASKS)}")
+    task = task_named(task)
     cfg = config.transformer
     tokens_key = find_tokens_key(cfg.tokens_key, list(inputs))
     tokens = inputs[tokens_key]
@@ -243,7 +242,7 @@ def build_transformer(keras: ModuleType, config: ModelConfig, inputs: Mapping[st
     token_embedding = _embedding(keras, vocab, cfg.width, "token_embedding")
     position_embedding = _embedding(keras, position_rows(cfg, tokens.shape[1]), cfg.width, "position_embedding")
     embedded = token_embedding(tokens)
-    if task == "language_model" and cfg.tie_embeddings:
+    if task.predicts_tokens and cfg.tie_embeddings:
         # Gemma's scale: a tied matrix is sized for the logits (N(0, 0.02)), so its rows are tiny beside
         # the blocks' outputs; x sqrt(width) cut the tied model's loss gap to the untied one by ~half
         # (benchmarks/bench_lm_quality.py).
@@ -254,7 +253,7 @@ def build_transformer(keras: ModuleType, config: ModelConfig, inputs: Mapping[st
     for i in range(cfg.depth):
         x = _block(keras, cfg, x, mask, f"block{i}")
     x = _norm(keras, "final_norm")(x)
-    if task == "classification":
+    if not task.predicts_tokens:  # one row of logits per example
         pooled = _layers(keras).Pool(cfg.pooling, name="pool")([x, segments])
         return keras.layers.Dense(num_classes, dtype="float32", name="logits")(pooled)
     if cfg.tie_embeddings:

@@ -8,29 +8,12 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from tpu_pipeline.model import tf_keras
+from tpu_pipeline.model.tasks import Task, task_named
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter
 from tpu_pipeline.train.preemption import PreemptionFlag
 from tpu_pipeline.train.run_files import RunFiles
 
 
-
-def reported(logs: dict[str, Any]) -> dict[str, Any]:
-    """Keras's logs under the names and meanings `train` reports (step and epoch lines, history).
-
-    Keras's loss tracker divides the weighted loss by every slot of the batch, zero-weight padding
-    included: a language model's `loss` was 4.17 where the nats per real token were 5.56 (75% real
-    tokens), and perplexity != exp(loss). So a language model (it reports `token_accuracy`) reports its
-    `cross_entropy` metric, weighted by the token weights, as `loss`; and `val_loss` is the exact
-    validation loss (`val_cross_entropy`) for every task, since an exact evaluation pads its last steps.
-    A classifier's training `loss` stays Keras's (training batches carry no padding; it includes any
-    regularization terms the model adds)."""
-    shown = dict(logs)
-    if "token_accuracy" in shown and "cross_entropy" in shown:
-        shown["loss"] = shown["cross_entropy"]
-    shown.pop("cross_entropy", None)
-    if "val_cross_entropy" in shown:
-        shown["val_loss"] = shown.pop("val_cross_entropy")
-    return shown
 
 class StepClock:
     """Cumulative time spent in training steps, and what those steps trained.
@@ -91,8 +74,10 @@ class ProgressLogger(tf_keras.callbacks.Callback):
 
     def __init__(self, global_batch_size: int, every: int, meter: Optional[InputWaitMeter] = None,
                  total_steps: Optional[int] = None, printer: Callable[[str], None] = print,
-                 epochs_total: Optional[int] = None, tokens: Optional[Any] = None) -> None:
+                 epochs_total: Optional[int] = None, tokens: Optional[Any] = None,
+                 task: Optional[Task] = None) -> None:
         super().__init__()
+        self.task = task or task_named("classification")  # its `reported` names the figures of each line
         self.epochs_total = epochs_total
         self.tokens = tokens  # a TokenMeter on the training pipeline (data.sequence): tokens/s and non-padding
         self.global_batch_size = global_batch_size
@@ -133,7 +118,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
             return
         logs = logs or {}
         total = f"/{self.total_steps}" if self.total_steps else ""
-        metrics = " ".join(f"{k} {v:.4f}" for k, v in reported(logs).items() if isinstance(v, (int, float)))
+        metrics = " ".join(f"{k} {v:.4f}" for k, v in self.task.reported(logs).items() if isinstance(v, (int, float)))
         self.printer(f"step {step}{total} {metrics} | {self._since(mark)}")
         self._mark = (step, self.clock.snapshot())
 
@@ -143,7 +128,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         """One Keras-style line per epoch: train and validation metrics, the rate and input wait of its steps."""
         logs = logs or {}
-        shown = {k: v for k, v in reported(logs).items() if isinstance(v, (int, float))}
+        shown = {k: v for k, v in self.task.reported(logs).items() if isinstance(v, (int, float))}
         train = " ".join(f"{k} {v:.4f}" for k, v in shown.items() if not k.startswith("val_"))
         validation = " ".join(f"{k} {v:.4f}" for k, v in shown.items() if k.startswith("val_"))
         total = f"/{self.epochs_total}" if self.epochs_total else ""
@@ -241,7 +226,8 @@ class Checkpointer(tf_keras.callbacks.Callback):
 class TrainState:
     """What a checkpoint holds besides the model and optimizer: epochs finished and their logs."""
 
-    def __init__(self) -> None:
+    def __init__(self, task: Optional[Task] = None) -> None:
+        self.task = task or task_named("classification")  # its `reported` names what the history keeps
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.history_json = tf.Variable("{}", dtype=tf.string, trainable=False, name="history")
 
@@ -250,7 +236,7 @@ class TrainState:
 
     def finish_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
         history = self.history()
-        for name, value in reported(logs).items():
+        for name, value in self.task.reported(logs).items():
             if isinstance(value, (int, float)) or hasattr(value, "numpy"):
                 history.setdefault(name, []).append(float(value))
         history.setdefault("epoch", []).append(epoch + 1)

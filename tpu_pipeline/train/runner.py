@@ -26,6 +26,7 @@ from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ClusterError, ConfigError
 from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabulary
 from tpu_pipeline.model import build_model, tf_keras
+from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
 from tpu_pipeline.pipeline.efficiency import TokenMeter, sequence_keys
@@ -184,13 +185,6 @@ def _check_language_model_outputs(spec: tuple, pipeline: Pipeline) -> None:
         )
 
 
-def _trained_metrics(config: Config, history: dict[str, list[float]]) -> list[str]:
-    """The last epoch's training metrics metrics.json reports: loss and the task's own."""
-    if config.train.task == "language_model":
-        return ["loss", "token_accuracy", "perplexity", *(["bits_per_byte"] if "bits_per_byte" in history else [])]
-    return ["loss", "accuracy"]
-
-
 class Preempted(SystemExit):
     """Training stopped on SIGTERM after saving a checkpoint; exit code 143 (128 + SIGTERM) tells a
     scheduler the job did not finish and should be started again."""
@@ -261,7 +255,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         validation_steps = config.train.eval_steps or eval_pipeline.evaluation_steps(cluster.num_replicas, cluster.num_hosts)
 
     model = _model_for(config, cluster, train_pipeline, input_shape, steps, model_fn)
-    state = TrainState()
+    state = TrainState(task_named(config.train.task))
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json,
                                      **({POSITION_KEY: position} if position is not None else {}))
     files = RunFiles(run_dir, cluster, checkpoint, config.train.max_checkpoints)
@@ -300,7 +294,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {where}")
 
     progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs,
-                              tokens=tokens)
+                              tokens=tokens, task=state.task)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
     with PreemptionFlag(agreement) as preemption:
         checkpointer = TimedCheckpointer(files, state, steps, plan=saves, preemption=preemption, printer=printer,
@@ -353,7 +347,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         "steps_per_epoch": steps,
         "global_batch_size": config.data.batch_size,
         "resumed_from_step": resumed_from,
-        **{name: history[name][-1] if history.get(name) else None for name in _trained_metrics(config, history)},
+        **{name: history[name][-1] if history.get(name) else None for name in state.task.trained_figures(history)},
         # Token data: a batch's rows hold as many examples as fit (pack), so the rate is of rows, and
         # real tokens/s is the figure to read.
         ("examples_per_sec" if tokens is None else "rows_per_sec"): progress.examples_per_second(),
@@ -378,10 +372,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
         except _DATA_ERRORS as error:
             raise _explained(config, error) from None
-        metrics["eval_loss"] = float(evaluation["cross_entropy"])  # Keras's "loss" would count the padding
-        for name, value in evaluation.items():
-            if name not in ("loss", "cross_entropy"):
-                metrics[f"eval_{name}"] = float(value)
+        metrics.update(state.task.evaluation_figures(evaluation))  # eval_loss: the weighted cross-entropy
         metrics["eval_examples"] = None if config.train.eval_steps else eval_pipeline.source.count_examples()
     files.write_metrics(metrics)
     printer("final: " + ", ".join(
@@ -398,12 +389,11 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
 def _model_for(config: Config, cluster: ClusterInfo, pipeline: Pipeline, input_shape: Any, steps_per_epoch: int,
                model_fn: Optional[Callable[..., Any]]) -> Any:
     """The compiled model of this config for this pipeline's inputs: what `train` trains and `load_model` restores."""
-    language_model = config.train.task == "language_model"
     return build_model(
         config.model, strategy=cluster.strategy, kind=cluster.kind, input_shape=input_shape,
         num_classes=num_classes(config, pipeline), steps_per_epoch=steps_per_epoch, epochs=config.train.epochs,
         model_fn=model_fn, task=config.train.task,
-        byte_offset=pipeline.source.info().byte_offset if language_model else None,
+        byte_offset=pipeline.source.info().byte_offset,  # a task that counts bytes (bits_per_byte) takes it
     )
 
 
