@@ -1,11 +1,13 @@
 """Composable tf.data stages and the Pipeline that builds them per input pipeline. No Keras here."""
-from tpu_pipeline.pipeline.builder import Pipeline, build_dataset, source_from_config, stages_from_plan
+from tpu_pipeline.pipeline.builder import Pipeline, build_dataset
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import feature_spec, make_parser
 from tpu_pipeline.pipeline.plan import Decision, Plan, make_plan
 from tpu_pipeline.pipeline.source import ReadOptions, Source
+from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource, choose_sharding, list_files
+from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
     per_replica_batch_size,

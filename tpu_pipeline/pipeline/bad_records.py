@@ -14,7 +14,7 @@ by a copy holding exactly its good records. The pipeline then reads clean files 
   good records, so a resume stays exact.
 
 The copies live under `$TPU_PIPELINE_CACHE/verified/` (local to each host); the damaged originals
-are never modified.
+are never modified. `without_bad_records` gives `Pipeline.from_config` the source over them.
 """
 from __future__ import annotations
 
@@ -28,11 +28,14 @@ from typing import Any, Mapping, Optional, Sequence
 import tensorflow as tf
 from absl import logging
 
-from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.errors import DataError
+from tpu_pipeline.config.data import DataConfig, service_host_port
+from tpu_pipeline.errors import ConfigError, DataError
+from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.record_check import (TAIL_KINDS, Fault, FileChecker, Vocabulary, count_by_kind,
                                                 dataset_vocabularies)
 from tpu_pipeline.pipeline.record_scan import Record, scan_records
+from tpu_pipeline.pipeline.source import RecordFileSource
+from tpu_pipeline.pipeline.sources import TFRecordSource
 from tpu_pipeline.system import available_cores, default_cache_dir
 
 VERSION = 2  # 2: token features checked (vocabulary, empty documents)
@@ -198,3 +201,34 @@ def _check_limit(config: DataConfig, report: SkipReport) -> None:
         first = report.faults[0].line() if report.faults else ""
         raise DataError(f"{report.section}.max_skipped={limit}: {report.skipped} of {report.total} records are bad "
                         f"({share:.1%}), more than the {allowed} allowed; the first: {first}")
+
+
+def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: str,
+                        num_classes: Optional[int], vocab: Optional[Vocabulary] = None
+                        ) -> tuple[RecordFileSource, SkipReport]:
+    """The source reading only good records (damaged files replaced by checked copies), and what was left out."""
+    files_source = source.files_source()
+    info = source.info()
+    features = config.features or info.features
+    report = check_files(config, prefix, files_source.tfrecord_files(), files_source.compression, features,
+                         files_source.listed_counts(), num_classes or info.num_classes, vocab)
+    clean = TFRecordSource(files=[r.read_from for r in report.files], compression=files_source.compression,
+                           read=files_source.read, counts=[r.good for r in report.files], exact_files=True)
+    if isinstance(source, DatasetDirSource):
+        return dataclasses.replace(source, replaced=clean), report
+    return clean, report
+
+
+def check_copies_reachable(config: DataConfig, report: SkipReport, prefix: str) -> None:
+    """With data.service on other machines, the checked copies of damaged files must be where those
+    workers can read them: this host's disk is not."""
+    if not config.service.enabled or service_host_port(config.service.address)[0] in ("localhost", "127.0.0.1", "[::1]"):
+        return
+    local = [r for r in report.files if r.read_from != r.path and "://" not in r.read_from]
+    if local:
+        raise ConfigError(
+            f"{prefix}.on_error=skip wrote checked copies of {len(local)} damaged file(s) on this host (e.g. "
+            f"{local[0].read_from}), which the tf.data service workers at {config.service.address} cannot read; "
+            "set TPU_PIPELINE_CACHE to a shared path (gs://bucket/cache) or rewrite the files "
+            "(`tpu-pipeline verify` lists them)"
+        )

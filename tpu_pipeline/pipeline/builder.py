@@ -1,62 +1,39 @@
-"""Compose stages into a pipeline, built once per input pipeline (tf.distribute.InputContext).
+"""The Pipeline: a source and its stages, built once per input pipeline (tf.distribute.InputContext).
 
-Stage order from a config (why each sits where it does). Per-example parsing (any op works on
-single examples, e.g. image decoding):
-
-  source (list, shuffle, shard, interleave)
-  → [with cache]  parse + preprocess → cache          (decode once, reuse every epoch)
-  → shuffle                                           (raw records when there is no cache: far
-                                                       smaller than decoded images in the buffer)
-  → repeat                                            (epochs: everything above is one epoch, with
-                                                       that epoch's file order and shuffle seeds)
-  → [no cache] parse + preprocess, then augment, in ONE map (one thread crossing per element)
-  → batch (per-replica share of the global batch, drop_remainder for static TPU shapes)
-  → outputs (inputs, targets) → prefetch → tf.data.Options
-
-Batch-then-parse (every op batchable, no cache; small records): the interleave moves blocks of
-records, then window shuffle (one permutation per window of records) → repeat → cut batches of
-serialized records → parse_example + every op on the whole batch in one parallel map. tf.data's
-cost is per element, so this is ~10x faster for small records than per-example parsing, and the
-window shuffle cuts the CPU per record by ~40% again against a per-record shuffle buffer.
-
-Which of these the pipeline does is decided in tpu_pipeline.pipeline.plan, once; this module only
-follows the plan.
+What it does with them: the epochs (stages before a `Repeat` built per epoch, so they know it; those
+up to a cache once), the resume (examples delivered → (epoch, offset), the epoch rebuilt and the
+offset skipped before any parse), the stream through tf.data service workers, and bucketing with
+several input pipelines. Which stages a config gives, in which order, is `stage_assembly`'s
+(following the plan made once in `plan`); the source, `source_factory`'s; evaluation's rewrite,
+`evaluation`'s; `on_error: skip`'s clean source, `bad_records`'.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.config.data import (
-    SEQUENCE_KINDS, ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig, service_host_port,
-)
-from tpu_pipeline.ops import build_ops
-from tpu_pipeline.pipeline.bad_records import SkipReport, check_files
-from tpu_pipeline.pipeline.data_errors import NamingDataErrors
-from tpu_pipeline.pipeline.record_check import Vocabulary
-from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
-from tpu_pipeline.pipeline.options import make_options
-from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline import seeds
-from tpu_pipeline.pipeline.plan import Plan, SequencePlan, make_plan
+from tpu_pipeline.pipeline.bad_records import SkipReport, check_copies_reachable, without_bad_records
+from tpu_pipeline.pipeline.data_errors import NamingDataErrors
+from tpu_pipeline.pipeline.evaluation import evaluation_steps, for_evaluation
+from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
+from tpu_pipeline.pipeline.plan import Plan, make_plan
+from tpu_pipeline.pipeline.record_check import Vocabulary
+from tpu_pipeline.pipeline.sequence import INDEX_KEY, Bucket, Windowed
 from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.source import RecordFileSource, Source
-from tpu_pipeline.pipeline.spec_check import check_features, first_record
-from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
-from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
-from tpu_pipeline.pipeline.sequence import EXAMPLE_MASK, INDEX_KEY, Bucket, PackRows, Windowed, pad_batch, pad_example
+from tpu_pipeline.pipeline.source_factory import source_from_config
+from tpu_pipeline.pipeline.spec_check import check_first_record
+from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
 from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, MapFeatures, PadToSteps, Prefetch, Repeat, Shuffle, SplitPosition, ToOutputs, WindowShuffle,
-    WithOptions, per_replica_batch_size,
+    Batch, Cache, Prefetch, Repeat, SplitPosition, ToOutputs, WithOptions, per_replica_batch_size,
 )
-from tpu_pipeline.pipeline.tfds_source import TFDSSource
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
 
-FULL_SHUFFLE = tf.data.UNKNOWN_CARDINALITY  # a shuffle buffer that holds the whole (finite) input
 FIRST_EPOCH = 0
 
 
@@ -318,58 +295,12 @@ class Pipeline:
         segment ids 0 and weight 0; every token counts once). Bucketed input pads itself: each
         bucket's last group of batches is filled with padding examples, and with several input
         pipelines every one makes the same steps; `example_mask` becomes the weights."""
-        if isinstance(self.windowed, Bucket):
-            return self._bucketed_evaluation()
-        batches = [stage for stage in self.stages if isinstance(stage, Batch) and stage.per_replica]
-        repeats = [stage for stage in self.stages if isinstance(stage, Repeat)]
-        outputs = [stage for stage in self.stages if isinstance(stage, ToOutputs)]
-        if not batches or not outputs or outputs[0].targets is None:
-            raise ConfigError("eval_data: evaluation needs a batch and outputs with targets (eval_data.outputs)")
-        if any(stage.count != 1 for stage in repeats):
-            raise ConfigError("eval_data.repeat: evaluation reads one pass; set eval_data.repeat: 1")
-        source = self.source
-        if isinstance(source, RecordFileSource):
-            sharding = "balanced" if source.read.sharding in ("auto", "balanced") else source.read.sharding
-            if sharding != "balanced":
-                raise ConfigError(f"eval_data.source.sharding={sharding}: exact evaluation splits records evenly; "
-                                  "use sharding: auto")
-            source = source.with_read(dataclasses.replace(source.read, cover_all=True, sharding=sharding))
-        unpadded = [dataclasses.replace(stage, drop_remainder=False) if isinstance(stage, Batch) else stage
-                    for stage in self.stages]
-        share = source.epoch_length
-        if self.windowed is not None:
-            share = _CountedRows(dataclasses.replace(self, source=source, stages=unpadded))
-        pad = PadToSteps(batches[-1].global_batch_size, share)
-        stages: list[Any] = []
-        for stage in unpadded:
-            stages.append(stage)
-            if isinstance(stage, ToOutputs):
-                stages.append(pad)
-        return dataclasses.replace(self, source=source, stages=stages)
-
-    def _bucketed_evaluation(self) -> "Pipeline":
-        """for_evaluation of a bucketed pipeline: one pass, every record (cover_all), weights from
-        `example_mask`, steps counted by a pass."""
-        outputs = [stage for stage in self.stages if isinstance(stage, ToOutputs)]
-        if not outputs or outputs[0].targets is None:
-            raise ConfigError(f"{self.prefix}: evaluation needs outputs with targets ({self.prefix}.outputs)")
-        if any(stage.count != 1 for stage in self.stages if isinstance(stage, Repeat)):
-            raise ConfigError(f"{self.prefix}.repeat: evaluation reads one pass; set {self.prefix}.repeat: 1")
-        source = self.source
-        if isinstance(source, RecordFileSource):
-            source = source.with_read(dataclasses.replace(source.read, cover_all=True))
-        stages = [dataclasses.replace(stage, weights=_with_example_mask(stage.weights)) if isinstance(stage, ToOutputs)
-                  else stage for stage in self.stages]
-        counted = dataclasses.replace(self, source=source, stages=stages)
-        return dataclasses.replace(counted, stages=[*stages, _CountedSteps(_CountedRows(counted))])
+        return for_evaluation(self)
 
     def evaluation_steps(self, num_replicas: int, num_input_pipelines: int = 1) -> int:
         """Steps of one exact evaluation pass of `for_evaluation()`'s pipeline (the same on every
         input pipeline: one per host under a strategy)."""
-        pad = next((stage for stage in self.stages if isinstance(stage, (PadToSteps, _CountedSteps))), None)
-        if pad is None:
-            raise ConfigError("evaluation_steps: call it on pipeline.for_evaluation()")
-        return pad.steps(tf.distribute.InputContext(num_input_pipelines, 0, num_replicas))
+        return evaluation_steps(self.stages, num_replicas, num_input_pipelines)
 
     def dataset_fn(self) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
         """For `strategy.distribute_datasets_from_function`."""
@@ -401,210 +332,6 @@ class Pipeline:
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),
                    check_tpu=target == "tpu", plan=plan, skipped=skipped, config=config, prefix=prefix,
                    num_classes=num_classes, vocab=vocab)
-
-
-@dataclasses.dataclass(frozen=True)
-class _CountedSteps:
-    """A bucketed evaluation's steps, from its batches counted by one pass (the dataset is unchanged:
-    each bucket's last group is padded already, and input pipelines bucket the same stream)."""
-
-    batches: "_CountedRows"  # counts batches here: each element is one batch of a bucket
-
-    def steps(self, context: tf.distribute.InputContext) -> int:
-        per_pipeline = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
-        return max(1, -(-self.batches(context, count="elements") // per_pipeline))
-
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
-        return dataset
-
-
-def _with_example_mask(weights: Union[str, Sequence[str], None]) -> Union[str, list[str]]:
-    """A bucketed evaluation's weights: the example mask, times the data's own (per-token) weights."""
-    if weights is None:
-        return EXAMPLE_MASK
-    return [EXAMPLE_MASK, *([weights] if isinstance(weights, str) else weights)]
-
-
-class _CountedRows:
-    """Rows one pass of a packed pipeline delivers to input pipeline `context`, counted by running it
-    once (remembered per context): what `PadToSteps` needs to pad every pipeline to the same steps."""
-
-    def __init__(self, pipeline: "Pipeline") -> None:
-        self._pipeline = pipeline
-        self._counts: dict[tuple[int, int, int], int] = {}
-
-    def __call__(self, context: tf.distribute.InputContext, count: str = "rows") -> int:
-        """Rows (the batches' first dimensions added up), or `count='elements'`: batches."""
-        key = (context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync, count)
-        if key not in self._counts:
-            sizes = self._pipeline.build(context).map(
-                lambda *element: tf.shape(tf.nest.flatten(element)[0])[0] if count == "rows" else tf.constant(1))
-            self._counts[key] = int(sizes.reduce(tf.constant(0), lambda total, size: total + size))
-        return self._counts[key]
-
-
-def without_bad_records(config: DataConfig, source: RecordFileSource, prefix: str,
-                        num_classes: Optional[int], vocab: Optional[Vocabulary] = None
-                        ) -> tuple[RecordFileSource, SkipReport]:
-    """The source reading only good records (damaged files replaced by checked copies), and what was left out."""
-    files_source = source.files_source()
-    info = source.info()
-    features = config.features or info.features
-    report = check_files(config, prefix, files_source.tfrecord_files(), files_source.compression, features,
-                         files_source.listed_counts(), num_classes or info.num_classes, vocab)
-    clean = TFRecordSource(files=[r.read_from for r in report.files], compression=files_source.compression,
-                           read=files_source.read, counts=[r.good for r in report.files], exact_files=True)
-    if isinstance(source, DatasetDirSource):
-        return dataclasses.replace(source, replaced=clean), report
-    return clean, report
-
-
-def check_copies_reachable(config: DataConfig, report: SkipReport, prefix: str) -> None:
-    """With data.service on other machines, the checked copies of damaged files must be where those
-    workers can read them: this host's disk is not."""
-    if not config.service.enabled or service_host_port(config.service.address)[0] in ("localhost", "127.0.0.1", "[::1]"):
-        return
-    local = [r for r in report.files if r.read_from != r.path and "://" not in r.read_from]
-    if local:
-        raise ConfigError(
-            f"{prefix}.on_error=skip wrote checked copies of {len(local)} damaged file(s) on this host (e.g. "
-            f"{local[0].read_from}), which the tf.data service workers at {config.service.address} cannot read; "
-            "set TPU_PIPELINE_CACHE to a shared path (gs://bucket/cache) or rewrite the files "
-            "(`tpu-pipeline verify` lists them)"
-        )
-
-
-def check_first_record(source: RecordFileSource, features: Any, prefix: str) -> None:
-    """The feature spec against the first record found in the first few files (build time, not a trace later)."""
-    for path in source.tfrecord_files()[:3]:
-        record = first_record(path, getattr(source, "compression", ""))
-        if record is not None:
-            check_features(path, record, features, prefix)
-            return
-
-
-def source_from_config(config: DataConfig) -> Source:
-    """The source a config names, before the plan gives it its read options."""
-    src = config.source
-    if isinstance(src, TFRecordSourceConfig):
-        if src.dir is not None:
-            return DatasetDirSource(dir=src.dir, split=src.split or "train")
-        return TFRecordSource(files=src.files, compression=src.compression)
-    if isinstance(src, TFDSSourceConfig):
-        return TFDSSource.from_config(src)  # decoded feature dicts: no parse follows
-    assert isinstance(src, ArraySourceConfig)
-    return ArraySource.from_npz(src.path, sharding=src.sharding)
-
-
-def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> list[Any]:
-    """The stages after the source, as the plan decided them."""
-    pre_ops, pre_random = build_ops(config.preprocess, f"{prefix}.preprocess")
-    aug_ops, aug_random = build_ops(config.augment, f"{prefix}.augment")
-    features = plan.features.value
-    sequence = plan.sequence.value
-    records_cached = plan.record_cache.value
-    shuffling = plan.shuffle.value
-    # Order is set once, for the whole pipeline, by WithOptions below; the stages inherit it.
-    on_workers = config.service.enabled
-    # "auto" counts this host's cores, which says nothing of a service worker's: tf.data tunes it there.
-    parallel = "autotune" if on_workers and config.num_parallel_calls == "auto" else config.num_parallel_calls
-    map_args = dict(seed=config.seed, num_parallel_calls=parallel, salted=on_workers)
-    # Variable-length features with no data.sequence stay ragged batches (CPU models can take them; the
-    # TPU check and train name data.sequence as the fix), rather than failing inside tf.data's batch.
-    ragged = sequence is None and any(spec.kind in SEQUENCE_KINDS for spec in (features or {}).values())
-    batch = Batch(config.batch_size, config.drop_remainder, ragged=ragged)
-    shuffle = Shuffle(config.shuffle.buffer_size, config.seed, config.shuffle.reshuffle_each_iteration)
-    if records_cached and shuffling != "off":
-        # The record cache replays the first epoch's order; a buffer as large as the data (the
-        # elements are references to the cached records, not copies) reshuffles all of it each epoch.
-        shuffle = dataclasses.replace(shuffle, buffer_size=FULL_SHUFFLE)
-    repeat = Repeat(None if config.repeat == "forever" else config.repeat)
-    stages: list[Any] = []
-    if plan.batched:
-        # Serialized records are shuffled and batched as they are; parsing and every op then run
-        # once per batch, vectorized, in one parallel map.
-        if shuffling == "window":
-            if records_cached:
-                stages.append(shuffle)  # the cached blocks, all of them, so each epoch's windows differ
-            stages.append(WindowShuffle(
-                config.shuffle.buffer_size, config.seed, config.shuffle.reshuffle_each_iteration,
-                num_parallel_calls=config.num_parallel_calls,
-            ))
-        stages += [shuffle] if shuffling == "stream" else []
-        records = dataclasses.replace(batch, records=True)
-        if sequence is not None and sequence.window:
-            # Bucket: the window is the batch of records, parsed as one ragged batch, placed as one
-            # window. Pack: blocks of records parsed as one ragged batch, then cut into chunks.
-            block = sequence.window if sequence.mode == "bucket" else sequence.parse_block
-            records = Batch(block, drop_remainder=False, records=True, per_replica=False)
-        stages += [repeat, records]
-        seq_ops, seq_random = _sequence_ops(sequence, batched=True)
-        stages.append(MapFeatures(
-            ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random,
-            parse=make_parser(features, batched=True) if features else None, name="parse_batch", **map_args,
-        ))
-        stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=True, seed=config.seed)
-    else:
-        parse = make_parser(features) if features else None
-        if config.cache.enabled:
-            stages.append(MapFeatures(ops=pre_ops, random_ops=pre_random, parse=parse, name="preprocess", **map_args))
-            stages.append(Cache.for_config(config, plan, prefix))
-            parse, pre_ops, pre_random = None, [], []
-        stages += [shuffle] if shuffling == "stream" else []
-        stages.append(repeat)
-        seq_ops, seq_random = _sequence_ops(sequence, batched=False)
-        stages.append(MapFeatures(
-            ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random, parse=parse,
-            name="preprocess_augment", **map_args
-        ))
-        stages += (_sequence_stages(sequence, batch, config.num_parallel_calls, batched=False, seed=config.seed)
-                   if sequence else [batch])
-    if config.outputs is not None:
-        stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets, weights=config.outputs.weights))
-    if config.service.enabled:  # plan.service: the workers make the batches, this host prefetches them
-        service = config.service
-        stages.append(ServiceSplit(service.address, service.mode, service.job_name, service.num_consumers,
-                                   service.compression, where=f"{prefix}.service"))
-    stages.append(Prefetch(config.prefetch))
-    stages.append(WithOptions(make_options(config.options.model_copy(update={"deterministic": plan.order.value}))))
-    return stages
-
-
-def _sequence_ops(sequence: Optional[SequencePlan], batched: bool) -> tuple[list[Any], list[bool]]:
-    """data.sequence's pad, or bucket's cut to the length, as one more op of the map that parses (so
-    no element crosses threads for it). The cut comes before the bucket's window is formed, so a
-    window holds at most window × length tokens however long a document is."""
-    if sequence is None or sequence.mode == "pack":
-        return [], []
-    if sequence.mode == "bucket":
-        if sequence.overflow != "truncate":
-            return [], []  # error: the bucket stage names the example that does not fit
-        return [functools.partial(_cut_to_length, lengths=sequence.lengths, batched=batched)], [False]
-    pad = pad_batch if batched else pad_example
-    return [lambda features, seed=None: pad(features, sequence.lengths, sequence.overflow)], [False]
-
-
-def _cut_to_length(features: dict, seed: Any = None, *, lengths: dict, batched: bool) -> dict:
-    """Each sequence key's first `length` tokens (of every example of a batch, when `batched`)."""
-    cut = {key: features[key][:, :length] if batched else features[key][:length] for key, length in lengths.items()}
-    return {**features, **cut}
-
-
-def _sequence_stages(sequence: Optional[SequencePlan], batch: Batch, num_parallel_calls: Any,
-                     batched: bool, seed: int = 0) -> list[Any]:
-    """What follows the map for data.sequence: pad → the batch (already made on the batched path);
-    bucket → its batches; pack → rows (shuffled in pools of windows), then the batch of rows."""
-    if sequence is None:
-        return []
-    keys = list(sequence.lengths)
-    if sequence.mode == "pad":
-        return [] if batched else [batch]
-    if sequence.mode == "bucket":
-        return [Bucket(keys, sequence.window, lengths=sequence.lengths, bucket_lengths=sequence.bucket_lengths,
-                       global_batch_size=batch.global_batch_size, overflow=sequence.overflow, scale=sequence.bucket_batch)]
-    return [PackRows(keys, sequence.window, lengths=sequence.lengths, algorithm=sequence.algorithm,
-                     overflow=sequence.overflow, num_parallel_calls=num_parallel_calls,
-                     row_shuffle=sequence.row_shuffle, seed=seed), batch]
 
 
 def build_dataset(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -26,10 +26,8 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import DataError, TpuPipelineError
 from tpu_pipeline.pipeline.plan import make_plan
 from tpu_pipeline.pipeline.record_check import Fault, FileChecker, Vocabulary, dataset_vocabularies, tf_message
-from tpu_pipeline.pipeline.source import RecordFileSource
-
-if TYPE_CHECKING:
-    from tpu_pipeline.pipeline.source import Source
+from tpu_pipeline.pipeline.source import RecordFileSource, Source
+from tpu_pipeline.pipeline.source_factory import source_from_config
 
 # What TF raises at run time for data it cannot read, parse or decode (a short file fails
 # assert_cardinality: FailedPrecondition); OutOfRangeError is the end, not a fault.
@@ -37,14 +35,12 @@ DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.error
 
 
 def checked_files(config: DataConfig, prefix: str = "data", num_classes: Optional[int] = None,
-                  source: Optional["Source"] = None, vocab: Optional[Vocabulary] = None
+                  source: Optional[Source] = None, vocab: Optional[Vocabulary] = None
                   ) -> tuple[FileChecker, list[str], str, list[Optional[int]]]:
     """(the checker, the files, their compression, records per file where metadata.json lists them)
     of `source` (default: the config's own); a DataError when it is not TFRecord files. `vocab`: the
     whole config's token vocabulary (`record_check.config_vocabulary`), for files whose dataset has none."""
     if source is None:
-        from tpu_pipeline.pipeline.builder import source_from_config  # the builder imports this module
-
         source = source_from_config(config)
     if not isinstance(source, RecordFileSource):
         raise DataError(f"{prefix}.source: verify reads TFRecord files (type: tfrecord, files or dir); "
@@ -60,7 +56,7 @@ def checked_files(config: DataConfig, prefix: str = "data", num_classes: Optiona
 
 def first_fault(config: DataConfig, prefix: str = "data", num_classes: Optional[int] = None,
                 budget_seconds: float = 120.0, workers: Optional[int] = None,
-                source: Optional["Source"] = None, vocab: Optional[Vocabulary] = None) -> Optional[Fault]:
+                source: Optional[Source] = None, vocab: Optional[Vocabulary] = None) -> Optional[Fault]:
     """A fault of the source, found by scanning its files in parallel for at most `budget_seconds`
     (the earliest file's, among those found); None when none was found in time. For turning a bare
     TF error into a line that names the file and record."""
@@ -85,7 +81,7 @@ def first_fault(config: DataConfig, prefix: str = "data", num_classes: Optional[
 
 
 def named_data_error(error: BaseException, config: DataConfig, prefix: str = "data",
-                     num_classes: Optional[int] = None, source: Optional["Source"] = None,
+                     num_classes: Optional[int] = None, source: Optional[Source] = None,
                      vocab: Optional[Vocabulary] = None) -> Optional[DataError]:
     """The one-line DataError for TF's `error`: the first fault of the source (file, record, what is
     wrong, the fix), what TF said, and how to list every fault; None when the scan finds no fault
@@ -106,7 +102,7 @@ class NamingDataErrors:
     the scan does not find, passes unchanged. `config=None`: nothing to scan, nothing changes."""
 
     def __init__(self, config: Optional[DataConfig], prefix: str = "data", num_classes: Optional[int] = None,
-                 source: Optional["Source"] = None, vocab: Optional[Vocabulary] = None) -> None:
+                 source: Optional[Source] = None, vocab: Optional[Vocabulary] = None) -> None:
         self._config, self._prefix, self._num_classes, self._source = config, prefix, num_classes, source
         self._vocab = vocab
 

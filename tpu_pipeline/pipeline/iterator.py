@@ -25,15 +25,32 @@ built without a config (nothing to scan).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from contextlib import AbstractContextManager
+from typing import Any, Optional, Protocol
 
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.sequence import Windowed
 from tpu_pipeline.pipeline.stages import last_position
 
-if TYPE_CHECKING:
-    from tpu_pipeline.pipeline.builder import Pipeline
+
+class ResumablePipeline(Protocol):
+    """What an iterator calls of a `builder.Pipeline` (which makes these iterators, so is not imported here)."""
+
+    @property
+    def windowed(self) -> Optional[Windowed]: ...
+
+    def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,
+              with_position: bool = False, chunk: int = 0) -> tf.data.Dataset: ...
+
+    def global_batch_size(self) -> int: ...
+
+    def examples_per_batch(self, context: tf.distribute.InputContext) -> int: ...
+
+    def examples_per_step(self, context: tf.distribute.InputContext) -> int: ...
+
+    def naming_data_errors(self) -> AbstractContextManager[Any]: ...
 
 
 class _Box:
@@ -55,7 +72,7 @@ class _PositionIterator(tf.Module):
     (`Pipeline.build(start=, chunk=, skip=)`).
     """
 
-    def __init__(self, pipeline: "Pipeline", examples_per_batch: int, name: str) -> None:
+    def __init__(self, pipeline: ResumablePipeline, examples_per_batch: int, name: str) -> None:
         super().__init__(name=name)
         self._pipeline = pipeline
         self._windowed = pipeline.windowed
@@ -129,7 +146,7 @@ class _PositionIterator(tf.Module):
 class PipelineIterator(_PositionIterator):
     """One input pipeline's batches (`Pipeline.iterator`); position = batches delivered."""
 
-    def __init__(self, pipeline: "Pipeline", input_context: Optional[tf.distribute.InputContext] = None) -> None:
+    def __init__(self, pipeline: ResumablePipeline, input_context: Optional[tf.distribute.InputContext] = None) -> None:
         self._context = input_context or tf.distribute.InputContext()
         super().__init__(pipeline, pipeline.examples_per_batch(self._context), "pipeline_iterator")
 
@@ -143,7 +160,7 @@ class PipelineIterator(_PositionIterator):
 class DistributedPipelineIterator(_PositionIterator):
     """Global steps of `strategy.distribute_datasets_from_function`; position = steps delivered."""
 
-    def __init__(self, pipeline: "Pipeline", strategy: tf.distribute.Strategy) -> None:
+    def __init__(self, pipeline: ResumablePipeline, strategy: tf.distribute.Strategy) -> None:
         self._strategy = strategy
         super().__init__(pipeline, pipeline.global_batch_size(), "distributed_pipeline_iterator")
 

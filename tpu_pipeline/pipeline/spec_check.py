@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.example_check import misfit
+from tpu_pipeline.pipeline.source import RecordFileSource
 
 
 def first_record(path: str, compression: str = "") -> Optional[bytes]:
@@ -38,3 +39,12 @@ def check_features(path: str, record: bytes, features: Mapping[str, Any], prefix
     if found.key is None:
         raise DataError(f"{path}: record 0 is {found.what}, which {prefix}.features describes; {found.fix}")
     raise ConfigError(f"{prefix}.features.{found.key}: record 0 of {path} {found.what}; {found.fix}")
+
+
+def check_first_record(source: RecordFileSource, features: Any, prefix: str) -> None:
+    """The feature spec against the first record found in the first few files (build time, not a trace later)."""
+    for path in source.tfrecord_files()[:3]:
+        record = first_record(path, getattr(source, "compression", ""))
+        if record is not None:
+            check_features(path, record, features, prefix)
+            return

@@ -1,0 +1,156 @@
+"""The stages after the source, in the order a config's plan gives them.
+
+Stage order from a config (why each sits where it does). Per-example parsing (any op works on
+single examples, e.g. image decoding):
+
+  source (list, shuffle, shard, interleave)
+  → [with cache]  parse + preprocess → cache          (decode once, reuse every epoch)
+  → shuffle                                           (raw records when there is no cache: far
+                                                       smaller than decoded images in the buffer)
+  → repeat                                            (epochs: everything above is one epoch, with
+                                                       that epoch's file order and shuffle seeds)
+  → [no cache] parse + preprocess, then augment, in ONE map (one thread crossing per element)
+  → batch (per-replica share of the global batch, drop_remainder for static TPU shapes)
+  → outputs (inputs, targets) → prefetch → tf.data.Options
+
+Batch-then-parse (every op batchable, no cache; small records): the interleave moves blocks of
+records, then window shuffle (one permutation per window of records) → repeat → cut batches of
+serialized records → parse_example + every op on the whole batch in one parallel map. tf.data's
+cost is per element, so this is ~10x faster for small records than per-example parsing, and the
+window shuffle cuts the CPU per record by ~40% again against a per-record shuffle buffer.
+
+Which of these the pipeline does is decided in tpu_pipeline.pipeline.plan, once; this module only
+follows the plan.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.config.data import SEQUENCE_KINDS, DataConfig
+from tpu_pipeline.ops import build_ops
+from tpu_pipeline.pipeline.options import make_options
+from tpu_pipeline.pipeline.parse import make_parser
+from tpu_pipeline.pipeline.plan import Plan
+from tpu_pipeline.pipeline.sequence import Bucket, PackRows, pad_batch, pad_example
+from tpu_pipeline.pipeline.sequence_plan import SequencePlan
+from tpu_pipeline.pipeline.service_split import ServiceSplit
+from tpu_pipeline.pipeline.stages import (
+    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
+)
+
+FULL_SHUFFLE = tf.data.UNKNOWN_CARDINALITY  # a shuffle buffer that holds the whole (finite) input
+
+
+def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> list[Any]:
+    """The stages after the source, as the plan decided them."""
+    pre_ops, pre_random = build_ops(config.preprocess, f"{prefix}.preprocess")
+    aug_ops, aug_random = build_ops(config.augment, f"{prefix}.augment")
+    features = plan.features.value
+    sequence = plan.sequence.value
+    records_cached = plan.record_cache.value
+    shuffling = plan.shuffle.value
+    # Order is set once, for the whole pipeline, by WithOptions below; the stages inherit it.
+    on_workers = config.service.enabled
+    # "auto" counts this host's cores, which says nothing of a service worker's: tf.data tunes it there.
+    parallel = "autotune" if on_workers and config.num_parallel_calls == "auto" else config.num_parallel_calls
+    map_args = dict(seed=config.seed, num_parallel_calls=parallel, salted=on_workers)
+    # Variable-length features with no data.sequence stay ragged batches (CPU models can take them; the
+    # TPU check and train name data.sequence as the fix), rather than failing inside tf.data's batch.
+    ragged = sequence is None and any(spec.kind in SEQUENCE_KINDS for spec in (features or {}).values())
+    batch = Batch(config.batch_size, config.drop_remainder, ragged=ragged)
+    shuffle = Shuffle(config.shuffle.buffer_size, config.seed, config.shuffle.reshuffle_each_iteration)
+    if records_cached and shuffling != "off":
+        # The record cache replays the first epoch's order; a buffer as large as the data (the
+        # elements are references to the cached records, not copies) reshuffles all of it each epoch.
+        shuffle = dataclasses.replace(shuffle, buffer_size=FULL_SHUFFLE)
+    repeat = Repeat(None if config.repeat == "forever" else config.repeat)
+    stages: list[Any] = []
+    if plan.batched:
+        # Serialized records are shuffled and batched as they are; parsing and every op then run
+        # once per batch, vectorized, in one parallel map.
+        if shuffling == "window":
+            if records_cached:
+                stages.append(shuffle)  # the cached blocks, all of them, so each epoch's windows differ
+            stages.append(WindowShuffle(
+                config.shuffle.buffer_size, config.seed, config.shuffle.reshuffle_each_iteration,
+                num_parallel_calls=config.num_parallel_calls,
+            ))
+        stages += [shuffle] if shuffling == "stream" else []
+        records = dataclasses.replace(batch, records=True)
+        if sequence is not None and sequence.window:
+            # Bucket: the window is the batch of records, parsed as one ragged batch, placed as one
+            # window. Pack: blocks of records parsed as one ragged batch, then cut into chunks.
+            block = sequence.window if sequence.mode == "bucket" else sequence.parse_block
+            records = Batch(block, drop_remainder=False, records=True, per_replica=False)
+        stages += [repeat, records]
+        seq_ops, seq_random = _sequence_ops(sequence, batched=True)
+        stages.append(MapFeatures(
+            ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random,
+            parse=make_parser(features, batched=True) if features else None, name="parse_batch", **map_args,
+        ))
+        stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=True, seed=config.seed)
+    else:
+        parse = make_parser(features) if features else None
+        if config.cache.enabled:
+            stages.append(MapFeatures(ops=pre_ops, random_ops=pre_random, parse=parse, name="preprocess", **map_args))
+            stages.append(Cache.for_config(config, plan, prefix))
+            parse, pre_ops, pre_random = None, [], []
+        stages += [shuffle] if shuffling == "stream" else []
+        stages.append(repeat)
+        seq_ops, seq_random = _sequence_ops(sequence, batched=False)
+        stages.append(MapFeatures(
+            ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random, parse=parse,
+            name="preprocess_augment", **map_args
+        ))
+        stages += (_sequence_stages(sequence, batch, config.num_parallel_calls, batched=False, seed=config.seed)
+                   if sequence else [batch])
+    if config.outputs is not None:
+        stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets, weights=config.outputs.weights))
+    if config.service.enabled:  # plan.service: the workers make the batches, this host prefetches them
+        service = config.service
+        stages.append(ServiceSplit(service.address, service.mode, service.job_name, service.num_consumers,
+                                   service.compression, where=f"{prefix}.service"))
+    stages.append(Prefetch(config.prefetch))
+    stages.append(WithOptions(make_options(config.options.model_copy(update={"deterministic": plan.order.value}))))
+    return stages
+
+
+def _sequence_ops(sequence: Optional[SequencePlan], batched: bool) -> tuple[list[Any], list[bool]]:
+    """data.sequence's pad, or bucket's cut to the length, as one more op of the map that parses (so
+    no element crosses threads for it). The cut comes before the bucket's window is formed, so a
+    window holds at most window × length tokens however long a document is."""
+    if sequence is None or sequence.mode == "pack":
+        return [], []
+    if sequence.mode == "bucket":
+        if sequence.overflow != "truncate":
+            return [], []  # error: the bucket stage names the example that does not fit
+        return [functools.partial(_cut_to_length, lengths=sequence.lengths, batched=batched)], [False]
+    pad = pad_batch if batched else pad_example
+    return [lambda features, seed=None: pad(features, sequence.lengths, sequence.overflow)], [False]
+
+
+def _cut_to_length(features: dict, seed: Any = None, *, lengths: dict, batched: bool) -> dict:
+    """Each sequence key's first `length` tokens (of every example of a batch, when `batched`)."""
+    cut = {key: features[key][:, :length] if batched else features[key][:length] for key, length in lengths.items()}
+    return {**features, **cut}
+
+
+def _sequence_stages(sequence: Optional[SequencePlan], batch: Batch, num_parallel_calls: Any,
+                     batched: bool, seed: int = 0) -> list[Any]:
+    """What follows the map for data.sequence: pad → the batch (already made on the batched path);
+    bucket → its batches; pack → rows (shuffled in pools of windows), then the batch of rows."""
+    if sequence is None:
+        return []
+    keys = list(sequence.lengths)
+    if sequence.mode == "pad":
+        return [] if batched else [batch]
+    if sequence.mode == "bucket":
+        return [Bucket(keys, sequence.window, lengths=sequence.lengths, bucket_lengths=sequence.bucket_lengths,
+                       global_batch_size=batch.global_batch_size, overflow=sequence.overflow, scale=sequence.bucket_batch)]
+    return [PackRows(keys, sequence.window, lengths=sequence.lengths, algorithm=sequence.algorithm,
+                     overflow=sequence.overflow, num_parallel_calls=num_parallel_calls,
+                     row_shuffle=sequence.row_shuffle, seed=seed), batch]
