@@ -15,17 +15,12 @@ work with or without the plugin:
     assert_exactly_once(pipeline, num_examples=100, num_input_pipelines=2, num_replicas=8)
     assert_tpu_ready(pipeline.build())
 """
-# As quiet as the CLI: TF reads this once, when it starts, so it must be set before TensorFlow is
-# imported (a plugin module is the earliest place). C++ INFO lines hidden, warnings and errors kept;
-# a TF_CPP_MIN_LOG_LEVEL you set yourself wins.
-import os
+# First: TF's log level, set before anything below imports TensorFlow.
+from tpu_pipeline.testing import tf_log_level  # noqa: F401
 
-_USER_SET_TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL" in os.environ
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
-from tpu_pipeline.testing.checks import assert_exactly_once, assert_tpu_ready  # noqa: E402
-from tpu_pipeline.testing.data import write_tfrecords  # noqa: E402
-from tpu_pipeline.testing.plugin import cpu_strategy, pytest_addoption, pytest_configure  # noqa: E402
+from tpu_pipeline.testing.checks import assert_exactly_once, assert_tpu_ready
+from tpu_pipeline.testing.data import write_tfrecords
+from tpu_pipeline.testing.plugin import cpu_strategy, pytest_addoption, pytest_configure
 
 __all__ = ["assert_exactly_once", "assert_tpu_ready", "cpu_strategy", "pytest_addoption", "pytest_configure",
            "write_tfrecords"]

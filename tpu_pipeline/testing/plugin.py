@@ -17,9 +17,9 @@ def pytest_configure(config: Any) -> None:
     """Splits the CPU now: once TensorFlow has run an op, it can no longer be split. TF starts here,
     its start-up lines (CUDA probing on a CPU host, oneDNN) silenced unless TF_CPP_MIN_LOG_LEVEL is yours."""
     from tpu_pipeline.system import native_stderr_silenced
-    from tpu_pipeline.testing import _USER_SET_TF_LOG_LEVEL
+    from tpu_pipeline.testing import tf_log_level
 
-    with native_stderr_silenced(not _USER_SET_TF_LOG_LEVEL):
+    with native_stderr_silenced(not tf_log_level.USER_SET):
         _split_cpu(int(config.getini("tpu_pipeline_cpus")))
 
 
