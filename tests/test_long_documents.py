@@ -10,7 +10,7 @@ import json
 import pytest
 import tensorflow as tf
 
-from tpu_pipeline.bench.doctor import FAR_LONGER, long_examples
+from tpu_pipeline.bench.sequence_advice import FAR_LONGER, long_examples
 from tpu_pipeline.commands.convert import long_documents_line, summary
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.records import ConvertOptions, convert
