@@ -5,7 +5,8 @@ Source modules (image_folder, csv_source, numpy_source, tfds_reader) are importe
 them, so `import tpu_pipeline` never pays for tensorflow_datasets. TextSource is exported (it needs
 nothing more than the converter; sentencepiece is loaded only for an spm: tokenizer).
 """
-from tpu_pipeline.records.convert import ConvertOptions, ConvertResult, ItemError, convert
+from tpu_pipeline.records.convert import ConvertOptions, ConvertResult, convert
+from tpu_pipeline.records.convert_source import ItemError
 from tpu_pipeline.records.demo_shapes import CLASS_NAMES, ensure_demo_dataset
 from tpu_pipeline.format import read_metadata, write_metadata
 from tpu_pipeline.records.text_source import TextSource

@@ -26,13 +26,14 @@ import re
 import sys
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 from absl import logging
 from tqdm import tqdm
 
 from tpu_pipeline.errors import ConfigError, DataError
+from tpu_pipeline.records.convert_source import ConvertSource, Encoded, ItemError
 from tpu_pipeline.records.out_lock import out_lock
 from tpu_pipeline.records.parallel import ordered_map
 from tpu_pipeline.records.sharding import num_shards_for, shard_bounds
@@ -46,54 +47,6 @@ PLAN_FILE = "plan.json"
 SHARD_DELAY_ENV = "TPU_PIPELINE_TEST_SHARD_DELAY_S"
 _SHARD_FILE = re.compile(r"^[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?$")
 COMPRESSIONS = ("", "GZIP", "ZLIB")
-
-
-class ItemError(Exception):
-    """One input item (an image file, a CSV line) cannot be converted; `where` names it for the user."""
-
-    def __init__(self, where: str, reason: str) -> None:
-        super().__init__(f"{where}: {reason}")
-        self.where = where
-        self.reason = reason
-
-
-@dataclasses.dataclass(frozen=True)
-class Encoded:
-    """What `encode` may return instead of the serialized example: the records of one item, written one
-    after another (none: the item is counted but not written, e.g. an empty document; several: a long
-    document in parts of bounded size), plus numbers summed per shard and per split (tokens, text bytes;
-    a key starting with "max_" keeps the largest instead) that the source's `split_metadata` turns into
-    metadata.json keys."""
-
-    records: tuple[bytes, ...]
-    stats: Mapping[str, int] = dataclasses.field(default_factory=dict)
-
-
-class ConvertSource(Protocol):
-    """What the converter needs from an input format. `encode` runs in worker threads.
-
-    Optional hooks (see `SourceExtras`), looked up with getattr so the other sources need none.
-    """
-
-    kind: str  # the --from name, e.g. "image-folder"
-    name: str  # a short dataset name for metadata.json
-
-    def split_sizes(self) -> dict[str, int]: ...
-    def estimate_bytes(self, split: str) -> int: ...
-    def items(self, split: str, start: int) -> Iterator[Any]: ...  # in write order, from `start`
-    def encode(self, item: Any) -> bytes: ...  # a serialized tf.Example; raises ItemError
-    def features(self) -> dict[str, dict[str, Any]]: ...
-    def class_names(self) -> Optional[list[str]]: ...
-    def identity(self) -> dict[str, Any]: ...  # everything the output depends on (fingerprinted)
-    def describe(self) -> dict[str, Any]: ...  # the metadata's human-readable `source`
-
-
-class SourceExtras(Protocol):
-    """The optional part of a source: more metadata and files, written after the shards, before metadata.json."""
-
-    def split_metadata(self, split: str, shard_stats: list[dict[str, int]]) -> dict[str, Any]: ...  # new split keys
-    def extra_metadata(self) -> dict[str, Any]: ...  # new top-level keys, e.g. the tokenizer
-    def write_files(self, out_dir: str) -> list[str]: ...  # files written next to the shards (atomically); their names
 
 
 @dataclasses.dataclass(frozen=True)
