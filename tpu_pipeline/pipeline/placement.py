@@ -1,0 +1,113 @@
+"""Which row each item of a packing window goes to: first fit or best fit, decreasing or in order.
+
+The one sequential part of packing (tpu_pipeline.pipeline.packing): a `tf.while_loop` over the
+window's items, each step one vectorized search of the remaining room of every row, compiled by XLA
+(~1-2 µs an item). Deterministic: sizes combine with integer weights, and ties go to the lowest row
+by encoding the row index into the minimized key, never by argmin's order.
+"""
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def size_weights(limits: list[int]) -> list[int]:
+    """Integer weights that make `sum_k size_k * weight_k` proportional to `sum_k size_k / length_k`.
+
+    The combined size of an example over several keys is the sum of the fractions of each key's row
+    it fills (for one key: its length). Integers (weight_k = lcm / length_k) keep the sort and the
+    best-fit choice exact, hence deterministic and reproducible by a reference in Python. Best fit
+    multiplies a combined room by the row capacity (< 2**31), so when the lcm is too large for that
+    to fit in int64 the weights fall back to 1 (the plain sum of tokens).
+    """
+    lcm = math.lcm(*limits)
+    if lcm * len(limits) >= 1 << 31:
+        return [1] * len(limits)
+    return [lcm // limit for limit in limits]
+
+
+def placement_order(sizes: tf.Tensor, weights: list[int], decreasing: bool) -> tf.Tensor:
+    """Placement order: window order, or a stable sort by combined size, largest first."""
+    count = tf.shape(sizes)[0]
+    if not decreasing:
+        return tf.range(count)
+    combined = tf.reduce_sum(tf.cast(sizes, tf.int64) * tf.constant(weights, tf.int64), axis=1)
+    return tf.math.top_k(combined, k=count, sorted=True).indices  # top_k keeps the lower index first on ties
+
+
+def _place_loop(sizes: tf.Tensor, count: tf.Tensor, room: tf.Tensor, weights: tf.Tensor,
+                best_fit: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    """Row of each of the first `count` items of `sizes` [items, K], in placement order: first fit
+    (the lowest row with room in every key) or best fit (the fitting row with the least combined
+    room left after it; ties to the lowest row). Entries past `count` stay 0. Also whether every item
+    fitted (it always should).
+
+    `room` [rows, K] (every row empty: each key's length) has enough rows for any such packing
+    (`_row_bound`) and is searched whole at every step: one vectorized compare per item instead of
+    a loop over rows. Ties are broken by encoding the row index into the minimized key, never by
+    argmin/argmax (whose tie order TF does not promise).
+    """
+    capacity = tf.cast(tf.shape(room)[0], tf.int64)
+    index = tf.range(capacity)
+    rows = tf.zeros([tf.shape(sizes)[0]], tf.int32)
+
+    def step(i: tf.Tensor, room: tf.Tensor, rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        need = sizes[i]
+        fits = tf.reduce_all(room >= need, axis=1)
+        if best_fit:
+            left = tf.reduce_sum(tf.cast(room - need, tf.int64) * weights, axis=1)
+            key = tf.where(fits, left * capacity + index, _INT64_MAX)
+        else:
+            key = tf.where(fits, index, _INT64_MAX)
+        row = tf.cast(tf.reduce_min(key) % capacity, tf.int32)
+        room = tf.tensor_scatter_nd_sub(room, row[None, None], need[None])
+        return i + 1, room, tf.tensor_scatter_nd_update(rows, i[None, None], row[None])
+
+    _, room, rows = tf.while_loop(lambda i, *_: i < count, step, (tf.constant(0), room, rows))
+    return rows, tf.reduce_min(room) >= 0  # an item put where it did not fit leaves a negative room
+
+
+# The placement loop is the only sequential part: XLA compiles it to a native loop (~1-2 µs an
+# item at a window of 1024 here, against ~20-60 µs for TF's executor running the loop op by op).
+# XLA needs static shapes, so items and rows are padded to powers of two: a few compiles a process.
+_place_jit = tf.function(_place_loop, jit_compile=True, reduce_retracing=True)
+_place_graph = tf.function(_place_loop, reduce_retracing=True)
+
+
+def _power_of_two(count: tf.Tensor) -> tf.Tensor:
+    """The smallest power of two >= max(count, 16): few distinct shapes for XLA to compile."""
+    x = tf.maximum(count, 16) - 1
+    for shift in (1, 2, 4, 8, 16):
+        x = tf.bitwise.bitwise_or(x, tf.bitwise.right_shift(x, shift))
+    return x + 1
+
+
+def _row_bound(sizes: tf.Tensor, limits: tf.Tensor) -> tf.Tensor:
+    """Rows any first-fit or best-fit packing of `sizes` [N, K] can use: at most
+    min(N, 1 + sum_k floor(2 * tokens_k / length_k)).
+
+    Why: a row opens only when its first item fits no open row, so of two rows, the later one is
+    over half full in some key; hence at most one row is at most half full in every key, and no
+    more than 2 * tokens_k / length_k rows are over half full in key k. For short sequences this
+    is far fewer rows than items (~4x at a median of 12 tokens in rows of 128): a smaller search.
+    """
+    halves = tf.reduce_sum(2 * tf.reduce_sum(sizes, axis=0) // limits)
+    return tf.minimum(tf.shape(sizes)[0], 1 + halves)
+
+
+def place(sizes: tf.Tensor, limits: tf.Tensor, weights: tf.Tensor, best_fit: bool, jit: bool) -> tf.Tensor:
+    """Row of each item of `sizes` [N, K] (placement order)."""
+    count = tf.shape(sizes)[0]
+    if jit:
+        padded = tf.pad(sizes, [[0, _power_of_two(count) - count], [0, 0]])
+        room = tf.tile(limits[None, :], [_power_of_two(_row_bound(sizes, limits)), 1])
+        rows, fitted = _place_jit(padded, count, room, weights, best_fit)
+    else:
+        room = tf.tile(limits[None, :], [_row_bound(sizes, limits), 1])
+        rows, fitted = _place_graph(sizes, count, room, weights, best_fit)
+    check = tf.debugging.Assert(fitted, ["packing: an item found no row within the row bound (a bug in packing.py)"])
+    with tf.control_dependencies([check]):
+        return tf.identity(rows[:count])
