@@ -21,8 +21,8 @@ from tpu_pipeline.cluster.coordination import StoreUnavailable
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ClusterError
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.train import runner
-from tpu_pipeline.train.runner import WindowedPosition
+from tpu_pipeline.train import windowed_position
+from tpu_pipeline.train.windowed_position import WindowedPosition
 
 from test_text_lm import converted, lm_config
 
@@ -116,7 +116,7 @@ def test_the_chiefs_checkpoint_alone_resumes_every_workers_stream_exactly(pipeli
 
 
 def test_a_peer_that_publishes_nothing_is_one_line_naming_it(pipeline, monkeypatch):
-    monkeypatch.setattr(runner, "POSITION_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(windowed_position, "POSITION_WAIT_SECONDS", 0.2)
     alone = WindowedPosition(pipeline, _worker(0), FakeStore(), run_key="test")
     with pytest.raises(ClusterError, match=r"^worker 1 published no input position for the checkpoint of step 0 .*"
                                            r"start every worker again") as error:

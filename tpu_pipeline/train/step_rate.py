@@ -21,7 +21,8 @@ from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.record_check import config_vocabulary
 from tpu_pipeline.train.callbacks import StepClock
-from tpu_pipeline.train.runner import _element_shape, _model_for, _training_data
+from tpu_pipeline.train.model_inputs import element_shape
+from tpu_pipeline.train.runner import _model_for, _training_data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +74,7 @@ def model_step_rate(config: Config, steps: int = 5, warmup: int = 2,
     data = _training_data(config).model_copy(update={"service": ServiceConfig()})
     pipeline = Pipeline.from_config(data, target=target, num_classes=config.train.num_classes,
                                     vocab=config_vocabulary(config))
-    input_shape = _element_shape(pipeline, config.train.task)
+    input_shape = element_shape(pipeline, config.train.task)
     model = _model_for(config, cluster, pipeline, input_shape, config.train.steps_per_epoch or 1000, None)
     dataset = cluster.strategy.distribute_datasets_from_function(
         lambda context: pipeline.build(context).take(1).cache().repeat())

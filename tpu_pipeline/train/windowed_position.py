@@ -1,0 +1,140 @@
+"""The input position of a windowed pipeline (data.sequence bucket or pack), saved in `train`'s checkpoints.
+
+A step's example count depends on the data, so where a packed or bucketed stream stands is read
+from its elements as `fit` takes them (`PositionLog`), not computed from the step; and with several
+workers every host's place is exchanged before a save, since only the chief's checkpoint is kept.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.cluster import ClusterInfo
+from tpu_pipeline.cluster.coordination import KeyValueStore, StoreUnavailable
+from tpu_pipeline.errors import ClusterError, ConfigError
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.position_log import PositionLog
+
+POSITION_KEY = "data"  # a windowed pipeline's input positions in the checkpoint (WindowedPosition)
+# How long a save waits for every worker's input position: all save the same step, so a step's skew
+# at most, unless a peer is gone.
+POSITION_WAIT_SECONDS = 120.0
+
+
+class WindowedPosition(tf.Module):
+    """The input position of a windowed pipeline (data.sequence bucket or pack) in a checkpoint: for
+    each input pipeline (one per host), where the window of its last output starts (example, chunk)
+    and the outputs of it delivered, as of the last saved step (int64 vectors `example`, `chunk` and
+    `in_window`, indexed by input pipeline). `fit` consumes a
+    dataset, so what each element taken left the stream at is logged (`PositionLog`) and read back for
+    the step a save is at.
+
+    Each host's stream stops at a place of its own, and with several TF_CONFIG workers only the
+    chief's checkpoint is kept: so before each save (at the same step on every worker) each worker
+    publishes its own position in the cluster's key-value store and assigns everyone's, and the
+    kept checkpoint holds every host's place."""
+
+    def __init__(self, pipeline: Pipeline, cluster: ClusterInfo, store: Optional[KeyValueStore] = None,
+                 run_key: str = "run") -> None:
+        super().__init__(name="data_position")
+        self._pipeline = pipeline
+        self._pipelines = cluster.num_hosts
+        # This process's input pipelines: its own on a TF_CONFIG worker; every host's on one client (a TPU pod slice).
+        self._local = [cluster.worker_id] if cluster.num_workers > 1 else list(range(cluster.num_hosts))
+        self._store = store if cluster.num_workers > 1 else None
+        self._key = f"tpu_pipeline/{run_key}/data_position"
+        with tf.init_scope():
+            self.example = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="example")
+            self.chunk = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="chunk")
+            self.in_window = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="in_window")
+        self._logs = {index: PositionLog() for index in self._local}
+        self._per_step = {index: 1 for index in self._local}  # elements a pipeline delivers per step
+        self._built_at_step = 0
+
+    def check_saved(self, path: str) -> None:
+        """Refuses a checkpoint that holds the positions of another number of input pipelines (hosts)."""
+        shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+        if f"{POSITION_KEY}/window/.ATTRIBUTES/VARIABLE_VALUE" in shapes:
+            raise ConfigError(
+                f"train.run_dir: {path} holds a packed/bucketed input position in the layout of tpu_pipeline before "
+                "0.2 (window numbers), which this version cannot place exactly; start a new train.run_dir"
+            )
+        saved = shapes.get(f"{POSITION_KEY}/example/.ATTRIBUTES/VARIABLE_VALUE")
+        if saved is not None and list(saved) != [self._pipelines]:
+            held = f"{saved[0]} host(s)" if saved else "one host, in an older layout"
+            raise ConfigError(
+                f"train.run_dir: {path} holds the packed/bucketed input positions of {held}, and this run has "
+                f"{self._pipelines}; resume it on as many hosts, or start a new train.run_dir"
+            )
+
+    def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
+        """This input pipeline's stream from its saved position (that of `step`), each element's position logged."""
+        index = context.input_pipeline_id
+        if index not in self._logs:
+            self._logs[index] = PositionLog()
+        self._logs[index].reset()
+        self._per_step[index] = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
+        self._built_at_step = step
+        dataset = self._pipeline.build(context, start=int(self.example[index].numpy()),
+                                       chunk=int(self.chunk[index].numpy()), skip=int(self.in_window[index].numpy()),
+                                       with_position=True)
+        return self._logs[index].attach(dataset)
+
+    def record(self, step: int) -> None:
+        """Sets every input pipeline's position to where its stream stood after global step `step` (before a save)."""
+        positions = {index: self._after(index, step) for index in self._logs}
+        if self._store is not None:
+            positions = self._exchange(step, positions)
+        examples, chunks, delivered = self.example.numpy(), self.chunk.numpy(), self.in_window.numpy()
+        for index, (example, chunk, outputs) in positions.items():
+            examples[index], chunks[index], delivered[index] = example, chunk, outputs
+        self.example.assign(examples)
+        self.chunk.assign(chunks)
+        self.in_window.assign(delivered)
+
+    def _after(self, index: int, step: int) -> tuple[int, int, int]:
+        """(example, chunk where the window starts, outputs of it delivered) of this process's pipeline
+        `index` after global step `step`."""
+        elements = (step - self._built_at_step) * self._per_step[index]  # taken from the stream built at that step
+        if elements > 0:
+            return self._logs[index].after(elements)
+        return int(self.example[index].numpy()), int(self.chunk[index].numpy()), int(self.in_window[index].numpy())
+
+    def _exchange(self, step: int, mine: dict[int, tuple[int, int, int]]) -> dict[int, tuple[int, int, int]]:
+        """Every worker's position at `step`: this worker's published, the others' read from the store.
+        Every worker saves the same step, so the wait is a step's skew at most, unless a peer is gone."""
+        key = f"{self._key}/{step}"
+        try:
+            for index, position in mine.items():
+                self._store.set(f"{key}/{index}", " ".join(map(str, position)))
+            deadline = time.monotonic() + POSITION_WAIT_SECONDS
+            values = {index: self._store.get(f"{key}/{index}", timeout_seconds=max(0.001, deadline - time.monotonic()))
+                      for index in range(self._pipelines)}
+        except (StoreUnavailable, tf.errors.OpError) as error:
+            raise ClusterError(
+                f"the workers could not exchange their input positions for the checkpoint of step {step} "
+                f"({str(error).splitlines()[0][:200]}); start every worker again with the same command"
+            ) from None
+        missing = [index for index, value in values.items() if value is None]
+        if missing:
+            raise ClusterError(
+                f"worker {missing[0]} published no input position for the checkpoint of step {step} within "
+                f"{POSITION_WAIT_SECONDS:.0f} s (it stopped or hangs); start every worker again with the same command"
+            )
+        return {index: tuple(int(part) for part in value.split()) for index, value in values.items()}
+
+    def describe(self) -> str:
+        """Where the input resumes: this process's pipelines, each at its own window."""
+        examples, chunks, delivered = self.example.numpy(), self.chunk.numpy(), self.in_window.numpy()
+
+        def place(index: int) -> str:
+            inside = f" (its chunk {int(chunks[index])})" if chunks[index] else ""
+            return (f"from the window at example {int(examples[index]):,}{inside}, past its first "
+                    f"{int(delivered[index])} output(s)")
+
+        if self._pipelines == 1:
+            return f"the input pipeline continues {place(0)}"
+        places = [f"input pipeline {index} of {self._pipelines} {place(index)}" for index in self._local]
+        return "each host's input continues from its own place in the checkpoint: " + "; ".join(places)
