@@ -11,6 +11,7 @@ from typing import Union
 import tensorflow as tf
 
 from tpu_pipeline.config import Config
+from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.sequence import Bucket
@@ -24,12 +25,12 @@ def element_shape(pipeline: Pipeline, task: str = "classification") -> Union[lis
     segment ids and positions); refuses what a model cannot take, in one line naming data.outputs."""
     spec = pipeline.build().element_spec
     if not isinstance(spec, tuple):
-        if task == "language_model":
+        if predicts_tokens(task):
             raise ConfigError("data.outputs: a language model trains on (inputs, targets) token pairs: add {op: lm_shift, "
                               "key: tokens} to data.preprocess and set data.sequence.keys: [inputs, targets] (the "
                               "outputs follow from them), or set data.outputs {inputs: ..., targets: ..., weights: ...}")
         raise ConfigError("data.outputs: training needs (inputs, targets); set data.outputs {inputs: ..., targets: ...}")
-    if task == "language_model":
+    if predicts_tokens(task):
         _check_language_model_outputs(spec, pipeline)
     inputs = spec[0]
     named = inputs if isinstance(inputs, dict) else {"": inputs}
