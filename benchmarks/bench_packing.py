@@ -49,6 +49,7 @@ import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tpu_pipeline.pipeline.packing import ALGORITHMS, Pack, pack_window  # noqa: E402
+from tpu_pipeline.pipeline.stage_base import StageContext  # noqa: E402
 
 WORKLOADS = {  # name: (median tokens, lognormal sigma, row length, examples per pass)
     "long": (300, 1.0, 1024, 4096),
@@ -147,7 +148,7 @@ def variants(examples: tf.RaggedTensor, length: int, windows: list[int], seqio_u
         for window in windows:
             stage = Pack({KEY: length}, window=window, algorithm=algorithm)
             out[f"pack {ALGORITHM_NAMES[algorithm]} w={window}"] = (
-                lambda stage=stage: stage.apply(source, context).batch(CONSUMER_BATCH), False)
+                lambda stage=stage: stage.apply(source, StageContext(context)).batch(CONSUMER_BATCH), False)
     stage = Pack({KEY: length}, window=big)
     out[f"pack ffd w={big} flat_map"] = (lambda: source.ragged_batch(big).map(stage.pack, num_parallel_calls=AUTO)
                                          .flat_map(tf.data.Dataset.from_tensor_slices).batch(CONSUMER_BATCH), False)

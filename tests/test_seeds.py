@@ -13,6 +13,7 @@ from tpu_pipeline.ops import register_op, scoped_ops
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline.stages import MapFeatures
+from tpu_pipeline.pipeline.stage_base import StageContext
 from tpu_pipeline.records.writer import int_feature, write_split
 
 from helpers import plan_of
@@ -164,7 +165,7 @@ def noise_of_runs(salted: bool, runs: int = 3) -> list[np.ndarray]:
         return {**features, "noise": tf.random.stateless_uniform([4], seed)}
 
     stage = MapFeatures(ops=(noise,), random_ops=(True,), seed=3, salted=salted, num_parallel_calls=1)
-    dataset = stage.apply(tf.data.Dataset.range(4).map(lambda i: {"id": i}), tf.distribute.InputContext())
+    dataset = stage.apply(tf.data.Dataset.range(4).map(lambda i: {"id": i}), StageContext())
     results = []
     for _ in range(runs):
         elements = list(dataset)
@@ -219,7 +220,7 @@ def test_the_shuffle_stage_folds_in_the_epoch():
 
     def order(stage, epoch: int, pipeline: int = 0) -> list[int]:
         context = tf.distribute.InputContext(2, pipeline, 2)
-        return [int(i) for i in stage.apply(tf.data.Dataset.range(64), context, tf.constant(epoch, tf.int64))]
+        return [int(i) for i in stage.apply(tf.data.Dataset.range(64), StageContext(context, epoch=tf.constant(epoch, tf.int64)))]
 
     stage = Shuffle(buffer_size=64, seed=4)
     orders = [order(stage, epoch) for epoch in range(3)]

@@ -8,6 +8,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.sequence import Bucket, PadTo, bucket_batches
 from tpu_pipeline.pipeline.stages import split_position
+from tpu_pipeline.pipeline.stage_base import StageContext
 
 
 def token_dataset(lengths) -> tf.data.Dataset:
@@ -24,7 +25,7 @@ def expected_tokens(i: int, n: int) -> list[int]:
 
 def test_pad_to_pads_and_masks_and_keeps_token_zero():
     lengths = [3, 8, 0, 5]
-    out = list(PadTo({"tokens": 8}).apply(token_dataset(lengths), tf.distribute.InputContext()))
+    out = list(PadTo({"tokens": 8}).apply(token_dataset(lengths), StageContext()))
     for i, (example, n) in enumerate(zip(out, lengths)):
         assert example["tokens"].shape == [8]
         assert list(example["tokens_mask"].numpy()) == [1] * n + [0] * (8 - n)
@@ -34,17 +35,17 @@ def test_pad_to_pads_and_masks_and_keeps_token_zero():
 
 def test_pad_to_truncates_or_names_the_key_and_lengths():
     data = token_dataset([3, 12])
-    cut = list(PadTo({"tokens": 8}, overflow="truncate").apply(data, tf.distribute.InputContext()))
+    cut = list(PadTo({"tokens": 8}, overflow="truncate").apply(data, StageContext()))
     assert list(cut[1]["tokens"].numpy()) == expected_tokens(1, 8) and cut[1]["tokens_mask"].numpy().sum() == 8
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"an example of tokens is longer than length 8; set data.sequence.overflow"):
-        list(PadTo({"tokens": 8}).apply(data, tf.distribute.InputContext()))
+        list(PadTo({"tokens": 8}).apply(data, StageContext()))
 
 
 def bucket_outputs(lengths, context, **kwargs):
     stage = Bucket(keys=["tokens"], window=kwargs.pop("window", 16), lengths={"tokens": 32},
                    bucket_lengths=kwargs.pop("bucket_lengths", [8, 16, 32]), global_batch_size=kwargs.pop("batch", 8),
                    overflow=kwargs.pop("overflow", "error"), **kwargs)
-    return [split_position({k: v.numpy() for k, v in out.items()}) for out in stage.apply(token_dataset(lengths), context)]
+    return [split_position({k: v.numpy() for k, v in out.items()}) for out in stage.apply(token_dataset(lengths), StageContext(context))]
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 4])
@@ -100,4 +101,4 @@ def test_bucket_batch_by_tokens_scales_short_buckets_to_multiples_of_8():
 def test_a_missing_sequence_key_is_one_line():
     stage = Bucket(keys=["text"], window=4, lengths={"text": 8}, bucket_lengths=[8], global_batch_size=2)
     with pytest.raises(ConfigError, match=r"feature 'text' does not exist; features here: \['id', 'tokens'\]"):
-        stage.apply(token_dataset([1]), tf.distribute.InputContext())
+        stage.apply(token_dataset([1]), StageContext())

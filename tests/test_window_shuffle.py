@@ -8,13 +8,14 @@ import tensorflow as tf
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Batch, Pipeline, Repeat, WindowShuffle
+from tpu_pipeline.pipeline.stage_base import StageContext
 
 from tpu_pipeline.format import write_metadata
 from tpu_pipeline.records.writer import write_split
 
 from helpers import plan_of, small_config, small_examples, write_small_shards
 
-CONTEXT = tf.distribute.InputContext()
+CONTEXT = StageContext()
 RECORDS = [f"r{i:05d}".encode() for i in range(2500)]
 
 
@@ -51,7 +52,7 @@ def test_same_seed_same_order_and_a_new_order_each_epoch():
 
     def epoch(number: int, **kwargs) -> list[bytes]:
         stage = WindowShuffle(window=1000, seed=7, **kwargs)
-        return next(stage.apply(records().take(1000), CONTEXT, epoch=tf.constant(number, tf.int64)).as_numpy_iterator()).tolist()
+        return next(stage.apply(records().take(1000), StageContext(epoch=tf.constant(number, tf.int64))).as_numpy_iterator()).tolist()
 
     assert sorted(epoch(0)) == sorted(epoch(1)) and epoch(0) != epoch(1)
     assert epoch(1) == epoch(1)  # a pure function of (seed, epoch, window)
@@ -61,7 +62,7 @@ def test_same_seed_same_order_and_a_new_order_each_epoch():
 def test_iterator_checkpoint_resumes_the_same_order(tmp_path):
     def build():
         stage = WindowShuffle(window=100, seed=3)
-        epochs = Repeat(None).epochs(lambda epoch: stage.apply(records(64), CONTEXT, epoch=epoch))
+        epochs = Repeat(None).epochs(lambda epoch: stage.apply(records(64), StageContext(epoch=epoch)))
         return Batch(50, records=True).apply(epochs, CONTEXT)
 
     iterator = iter(build())

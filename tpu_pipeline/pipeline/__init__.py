@@ -8,6 +8,7 @@ from tpu_pipeline.pipeline.source import ReadOptions, Source
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource, choose_sharding, list_files
 from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
     per_replica_batch_size,
@@ -17,7 +18,7 @@ from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible, tpu_problems
 
 __all__ = [
     "ArraySource", "Batch", "Cache", "DatasetDirSource", "Decision", "MapFeatures", "Pipeline", "Plan", "Prefetch",
-    "ReadOptions", "Repeat", "Shuffle", "Source", "TFDSSource", "TFRecordSource", "ToOutputs", "WindowShuffle",
+    "ReadOptions", "Repeat", "Shuffle", "Source", "Stage", "StageContext", "TFDSSource", "TFRecordSource", "ToOutputs", "WindowShuffle",
     "WithOptions", "build_dataset", "check_tpu_compatible", "choose_sharding", "feature_spec", "list_files",
     "make_options", "make_parser", "make_plan", "per_replica_batch_size", "source_from_config", "stages_from_plan",
     "tpu_problems",

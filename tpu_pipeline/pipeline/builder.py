@@ -29,6 +29,7 @@ from tpu_pipeline.pipeline.source import RecordFileSource, Source
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.spec_check import check_first_record
 from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, Prefetch, Repeat, SplitPosition, ToOutputs, WithOptions, per_replica_batch_size,
 )
@@ -37,23 +38,12 @@ from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
 FIRST_EPOCH = 0
 
 
-def _apply(dataset: tf.data.Dataset, stages: Sequence[Any], context: tf.distribute.InputContext,
-           epoch: Optional[tf.Tensor] = None, position: int = 0, skip: int = 0, chunk: int = 0) -> tf.data.Dataset:
-    """Applies `stages`; `position`: examples delivered before (a resume), for stages that number
-    their elements (per batch after a Batch stage; a windowed stage counts examples); `chunk`,
-    `skip`: chunks of that example and outputs of a windowed stage's first window delivered before."""
-    unit = 1
+def apply_stages(dataset: tf.data.Dataset, stages: Sequence[Stage], context: StageContext) -> tf.data.Dataset:
+    """Applies `stages` in order, each the same way: `apply(dataset, context)`, then the context the
+    next stage sees is `stage.after(context)` (after a Batch, a resumed position counts batches)."""
     for stage in stages:
-        if getattr(stage, "uses_epoch", False):
-            dataset = stage.apply(dataset, context, epoch=epoch)
-        elif isinstance(stage, Windowed):
-            dataset = stage.apply(dataset, context, position=position, chunk=chunk, skip=skip)
-        elif getattr(stage, "uses_position", False):
-            dataset = stage.apply(dataset, context, position=position // unit)
-        else:
-            dataset = stage.apply(dataset, context)
-        if isinstance(stage, Batch):
-            unit = stage.size(context)
+        dataset = stage.apply(dataset, context)
+        context = stage.after(context)
     return dataset
 
 
@@ -88,6 +78,12 @@ class Pipeline:
     prefix: str = "data"  # the config key errors name (data, eval_data)
     num_classes: Optional[int] = None
     vocab: Optional[Vocabulary] = None  # the config's token vocabulary, for files whose metadata.json has none
+
+    def __post_init__(self) -> None:
+        for stage in self.stages:
+            if not (callable(getattr(stage, "apply", None)) and callable(getattr(stage, "after", None))):
+                raise TypeError(f"{stage!r} is not a stage: a stage has apply(dataset, context) and after(context); "
+                                "subclass tpu_pipeline.pipeline.stage_base.Stage")
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,
               with_position: bool = False, chunk: int = 0) -> tf.data.Dataset:
@@ -156,7 +152,7 @@ class Pipeline:
         def kept(features: Any) -> tf.Tensor:
             return tf.equal(features[INDEX_KEY] % context.num_replicas_in_sync // mine, index)
 
-        return _apply(everything.filter(kept), stages[at + 1:], context)
+        return apply_stages(everything.filter(kept), stages[at + 1:], StageContext(context))
 
     @property
     def service(self) -> Optional[ServiceSplit]:
@@ -186,7 +182,7 @@ class Pipeline:
             first_epoch, _ = self._resume_point(workers, start * context.num_input_pipelines)
         salted = split.mode == "parallel_epochs"  # each worker its own file order and shuffles
         dataset = self._stream(list(self.stages[:at]) + options, workers, first_epoch=first_epoch, salted=salted)
-        return _apply(split.apply(dataset, context, first_epoch), self.stages[at + 1:], context)
+        return apply_stages(dataset, self.stages[at:], StageContext(context, first_epoch=first_epoch))
 
     def _stream(self, stages: Sequence[Any], context: tf.distribute.InputContext, start: int = 0,
                 first_epoch: Optional[int] = None, salted: bool = False, skip_outputs: int = 0,
@@ -200,10 +196,12 @@ class Pipeline:
         once, each = before[: last_cache + 1], before[last_cache + 1:]
         source_per_epoch = self.source.per_epoch and not once
         if source_per_epoch:
-            one_epoch = lambda epoch: _apply(self.source.build(context, epoch), each, context, epoch)  # noqa: E731
+            one_epoch = lambda epoch: apply_stages(  # noqa: E731
+                self.source.build(context, epoch), each, StageContext(context, epoch=epoch))
         else:
-            first = _apply(self.source.build(context, tf.constant(FIRST_EPOCH, tf.int64)), once, context)
-            one_epoch = lambda epoch: _apply(first, each, context, epoch)  # noqa: E731
+            first = apply_stages(self.source.build(context, tf.constant(FIRST_EPOCH, tf.int64)), once,
+                                 StageContext(context))
+            one_epoch = lambda epoch: apply_stages(first, each, StageContext(context, epoch=epoch))  # noqa: E731
         if salted:
             # Inside a dataset function, so the salt is drawn where the graph runs, not here.
             unsalted = one_epoch
@@ -218,13 +216,13 @@ class Pipeline:
         if after:
             # Epochs that differ (file order, shuffle seeds) are built one by one; otherwise the
             # same epoch is repeated, which tf.data runs faster (benchmarks/bench_epochs.py).
-            differ = salted or source_per_epoch or any(getattr(stage, "uses_epoch", False) for stage in each)
+            differ = salted or source_per_epoch or any(stage.uses_epoch for stage in each)
             dataset, after = after[0].epochs(one_epoch, differ, first=start_epoch, head=head), after[1:]
         else:
             dataset = one_epoch(tf.constant(start_epoch, tf.int64))
             dataset = head(dataset) if head else dataset
-        return _apply(dataset, after, context, position=0 if first_epoch is not None else start, skip=skip_outputs,
-                      chunk=chunk)
+        resumed = StageContext(context, examples=0 if first_epoch is not None else start, skip=skip_outputs, chunk=chunk)
+        return apply_stages(dataset, after, resumed)
 
     def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:
         """(epoch, examples of it to skip) for a stream that delivered `start` examples."""

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.packing import Pack
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
 MASK_SUFFIX = "_mask"  # pad, bucket: 1 on real tokens
 SEGMENT_SUFFIX = "_segment_ids"  # pack: 1, 2, ... per example, 0 on padding
@@ -194,7 +195,7 @@ def bucket_fraction(lengths: Iterable[int], bucket_lengths: Sequence[int], batch
     return float(values.sum() / slots) if slots else 0.0
 
 
-class TokenMeter:
+class TokenMeter(Stage):
     """A stage that adds up real tokens and token slots of the batches going through it, in host
     variables (as `wait_meter` does for waits): put before `ToOutputs`, where the masks and segment
     ids still are, it gives `train` the non-padding fraction of what it trained on (the batches
@@ -209,7 +210,7 @@ class TokenMeter:
         slots = int(self.slots.numpy())
         return int(self.real.numpy()) / slots if slots else None
 
-    def apply(self, dataset: tf.data.Dataset, context: Any = None) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: Optional[StageContext] = None) -> tf.data.Dataset:
         def count(batch: Any) -> Any:
             real, slots = real_and_slots(batch)
             with tf.control_dependencies([self.real.assign_add(real), self.slots.assign_add(slots)]):

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.sequence import EXAMPLE_MASK, Bucket, Windowed
 from tpu_pipeline.pipeline.source import RecordFileSource, Source
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import Batch, Repeat, ToOutputs, per_replica_batch_size
 
 
@@ -98,7 +99,7 @@ def evaluation_steps(stages: Sequence[Any], num_replicas: int, num_input_pipelin
 
 
 @dataclasses.dataclass(frozen=True)
-class PadToSteps:
+class PadToSteps(Stage):
     """Evaluation with static shapes where every example counts once: each (inputs, targets) batch
     gains a weight per example (1, or 0 for padding); the last partial batch is padded to full size
     with zeros, and whole zero batches follow until every input pipeline gives the same number of
@@ -125,7 +126,8 @@ class PadToSteps:
             batches.append(-(-examples // size))
         return max(1, -(-max(batches) // per_pipeline))
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, stage_context: StageContext) -> tf.data.Dataset:
+        context = stage_context.input
         size = per_replica_batch_size(self.global_batch_size, context)
         per_pipeline = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
         mine = -(-self.share(context) // size)
@@ -149,7 +151,7 @@ class PadToSteps:
 
 
 @dataclasses.dataclass(frozen=True)
-class _CountedSteps:
+class _CountedSteps(Stage):
     """A bucketed evaluation's steps, from its batches counted by one pass (the dataset is unchanged:
     each bucket's last group is padded already, and input pipelines bucket the same stream)."""
 
@@ -159,7 +161,7 @@ class _CountedSteps:
         per_pipeline = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
         return max(1, -(-self.batches(context, count="elements") // per_pipeline))
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         return dataset
 
 

@@ -32,6 +32,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.placement import place, placement_order, size_weights
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
 ALGORITHMS = ("first_fit_decreasing", "best_fit_decreasing", "first_fit")
 OVERFLOWS = ("truncate", "split", "error")
@@ -236,7 +237,7 @@ def _rank(spec: Any) -> Optional[int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Pack:
+class Pack(Stage):
     """Packs variable-length token features into rows of static `[length]`:
     ragged_batch(window) → map(pack_window) → unbatch (one row per element).
 
@@ -305,7 +306,7 @@ class Pack:
         rows = pack_window(window, self.lengths, self.algorithm, self.overflow, self.jit_compile)
         return rows if self.metadata else {k: v for k, v in rows.items() if not k.startswith("_")}
 
-    def apply(self, dataset: tf.data.Dataset, context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: Optional[StageContext] = None) -> tf.data.Dataset:
         windows = dataset.ragged_batch(self.window) if self.check_spec(dataset.element_spec) == 1 else dataset
         calls = tune(self.num_parallel_calls)
         if calls == 1:

@@ -28,6 +28,7 @@ from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message
 from tpu_pipeline.pipeline.packing import Pack
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields
 
 Features = dict[str, Any]
@@ -89,14 +90,14 @@ def pad_batch(features: Features, lengths: Mapping[str, int], overflow: str = "e
 
 
 @dataclasses.dataclass(frozen=True)
-class PadTo:
+class PadTo(Stage):
     """Stage: every example's keys padded (or cut) to their lengths, with masks. Per example, so it
     is usually fused into the preprocessing map (`pad_example`); the stage is for use alone."""
 
     lengths: Mapping[str, int]
     overflow: str = "error"
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         return dataset.map(lambda features: pad_example(features, self.lengths, self.overflow), name="pad_to")
 
 
@@ -113,7 +114,7 @@ def window_of(dataset: tf.data.Dataset, window: int, keys: Sequence[str]) -> tf.
 
 
 @dataclasses.dataclass(frozen=True)
-class Windowed:
+class Windowed(Stage):
     """Base of bucket and pack: windows of examples → each window's outputs, numbered for resume.
 
     A subclass gives `place(numbered_windows, context)`: a dataset of (window index, window
@@ -131,13 +132,11 @@ class Windowed:
     def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
         raise NotImplementedError
 
-    uses_position = True  # a Pipeline passes the examples delivered before this stage (a resume)
-
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0,
-              chunk: int = 0, skip: int = 0) -> tf.data.Dataset:
-        """`position`: examples of the stream delivered before (where the window to rebuild starts);
-        it must fall on a window boundary. `chunk`: chunks of that example already placed (pack
-        mode); `skip`: outputs of the first window delivered before."""
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
+        """`context.examples`: examples of the stream delivered before (where the window to rebuild
+        starts); it must fall on a window boundary. `context.chunk`: chunks of that example already
+        placed (pack mode); `context.skip`: outputs of the first window delivered before."""
+        position, skip = context.examples, context.skip
         self.check_features(dataset.element_spec)
         if position % self.window:
             raise ValueError(f"a bucket window resumes at a window boundary: {position} is not a multiple of "
@@ -149,7 +148,7 @@ class Windowed:
             windows = window_of(dataset, self.window, self.keys)
         # One number per window (not per example): a zip costs per element.
         numbered = tf.data.Dataset.zip((tf.data.Dataset.range(first, 1 << 62), windows))
-        placed = self.place(numbered, context)
+        placed = self.place(numbered, context.input)
         return placed.skip(skip) if skip else placed
 
 
@@ -183,11 +182,10 @@ class PackRows(Windowed):
         given = all(key in spec for key in self.keys) and is_block(spec, self.keys)
         self._packer(given).check_spec(spec)
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0,
-              chunk: int = 0, skip: int = 0) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         self.check_features(dataset.element_spec)
-        keys = list(self.keys)
-        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, position, chunk)
+        keys, skip = list(self.keys), context.skip
+        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk)
         packer = dataclasses.replace(self._packer(), overflow="truncate")  # chunks fit their rows already
 
         def pack(window: Features) -> Features:

@@ -14,10 +14,11 @@ from typing import Optional
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
 
 @dataclasses.dataclass(frozen=True)
-class ServiceSplit:
+class ServiceSplit(Stage):
     """Stages before this one run on the tf.data service at `address`; stages after it on this host."""
 
     address: str
@@ -46,7 +47,9 @@ class ServiceSplit:
             return None  # an anonymous job for this consumer alone
         return self.job_name if first_epoch == 0 else f"{self.job_name}/from-epoch-{first_epoch}"
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, first_epoch: int = 0) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
+        """`context.first_epoch`: the epoch the job begins with (a restart names a job of its own)."""
+        first_epoch = context.first_epoch
         consumer_index = None
         if self.num_consumers is not None:
             if self.num_consumers != context.num_input_pipelines:
@@ -59,7 +62,7 @@ class ServiceSplit:
         return dataset.apply(tf.data.experimental.service.distribute(
             processing_mode=self.mode,
             service=self.address if "://" in self.address else f"grpc://{self.address}",
-            job_name=self.job(context, first_epoch),
+            job_name=self.job(context.input, first_epoch),
             consumer_index=consumer_index,
             num_consumers=self.num_consumers,
             compression="AUTO" if self.compression == "auto" else None,

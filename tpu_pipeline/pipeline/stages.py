@@ -1,8 +1,9 @@
-"""Dataset → dataset stages. Each is a small frozen object: `stage.apply(dataset, input_context)`.
+"""Dataset → dataset stages. Each is a small frozen `Stage`: `stage.apply(dataset, context)`.
 
-They compose in `Pipeline`, but each can be used alone on any `tf.data.Dataset`. Stages whose
-randomness changes per epoch (`uses_epoch`) also take the epoch, as a scalar tensor: every seed
-comes from the seed tree (tpu_pipeline.pipeline.seeds) rooted at `seed`.
+They compose in `Pipeline`, but each can be used alone on any `tf.data.Dataset` (with
+`StageContext()`). Stages whose randomness changes per epoch (`uses_epoch`) read the epoch from the
+context, a scalar tensor: every seed comes from the seed tree (tpu_pipeline.pipeline.seeds) rooted
+at `seed`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tpu_pipeline.ops.registry import OpFn
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.cache_key import check_cache_path, fingerprint, prepare_prefix
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.system import local_path
 
 Features = dict[str, Any]
@@ -35,7 +37,7 @@ def _parallel_map(dataset: tf.data.Dataset, fn: Callable, num_parallel_calls: Un
 
 
 @dataclasses.dataclass(frozen=True)
-class MapFeatures:
+class MapFeatures(Stage):
     """One parallel map: optional parse, then ops in order. Fused so each element crosses threads once.
 
     `random_ops` lists which ops need a seed. When any does, the n-th element to enter this map on
@@ -62,8 +64,6 @@ class MapFeatures:
     def needs_seed(self) -> bool:
         return any(self.random_ops)
 
-    uses_position = needs_seed
-
     def transform(self, element: Any, element_seed: Optional[tf.Tensor] = None) -> Features:
         features = self.parse(element) if self.parse is not None else dict(element)
         for index, op in enumerate(self.ops):
@@ -73,9 +73,10 @@ class MapFeatures:
             features = op(features, seed)
         return features
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext, position: int = 0) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         if not self.ops and self.parse is None:
             return dataset
+        position = context.position
         if self.needs_seed and self.salted:
             pipeline = context.input_pipeline_id
             dataset = seeds.numbered_and_salted(dataset, position)
@@ -92,7 +93,7 @@ class MapFeatures:
 
 
 @dataclasses.dataclass(frozen=True)
-class Cache:
+class Cache(Stage):
     """Caches in memory ('' path) or to files; a file cache gets one prefix per input pipeline.
 
     `key`: a fingerprint of everything upstream (tpu_pipeline.pipeline.cache_key), part of each
@@ -117,17 +118,17 @@ class Cache:
         name = f"pipeline{context.input_pipeline_id}-of-{context.num_input_pipelines}"
         return tf.io.gfile.join(self.path, f"{name}.{self.key}" if self.key else name)
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         if not self.path:
             return dataset.cache()
         tf.io.gfile.makedirs(self.path)
-        prefix = self.file_prefix(context)
+        prefix = self.file_prefix(context.input)
         prepare_prefix(prefix, self.where)
         return dataset.cache(prefix)
 
 
 @dataclasses.dataclass(frozen=True)
-class Shuffle:
+class Shuffle(Stage):
     """tf.data's shuffle buffer; its seed is the tree's (seed, "shuffle", pipeline), folded with the
     epoch when `reshuffle_each_iteration` (else every epoch gets the same order)."""
 
@@ -139,16 +140,15 @@ class Shuffle:
     def uses_epoch(self) -> bool:
         return self.reshuffle_each_iteration
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext,
-              epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
-        fold = epoch if self.reshuffle_each_iteration else None
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
+        fold = context.epoch if self.reshuffle_each_iteration else None
         seed = seeds.scalar(seeds.key(self.seed, seeds.SHUFFLE, context.input_pipeline_id, fold))
         with seeds.without_global_seed():
             return dataset.shuffle(self.buffer_size, seed=seed, reshuffle_each_iteration=self.reshuffle_each_iteration)
 
 
 @dataclasses.dataclass(frozen=True)
-class WindowShuffle:
+class WindowShuffle(Stage):
     """Shuffles serialized records a window at a time: `window` records, one vectorized permutation.
 
     Why: `Dataset.shuffle` costs ~0.8 µs per element here, as much as reading the record, and it is
@@ -172,8 +172,7 @@ class WindowShuffle:
     def uses_epoch(self) -> bool:
         return self.reshuffle_each_iteration
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext,
-              epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         spec = dataset.element_spec
         if not isinstance(spec, tf.TensorSpec) or spec.dtype != tf.string or spec.shape.rank not in (0, 1):
             raise ConfigError(
@@ -181,7 +180,7 @@ class WindowShuffle:
                 f"but this dataset yields {spec}; use data.shuffle.mode=stream"
             )
         windows = dataset.batch(self.window) if spec.shape.rank == 0 else dataset.rebatch(self.window)
-        fold = epoch if self.reshuffle_each_iteration else None
+        fold = context.epoch if self.reshuffle_each_iteration else None
         root = seeds.key(self.seed, seeds.WINDOW_SHUFFLE, context.input_pipeline_id, fold)
         windows = tf.data.Dataset.zip((seeds.positions(), windows))
 
@@ -194,12 +193,12 @@ class WindowShuffle:
 
 
 @dataclasses.dataclass(frozen=True)
-class Repeat:
+class Repeat(Stage):
     """Repeats `count` times; None repeats forever."""
 
     count: Optional[int] = None
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         if self.count == 1:
             return dataset
         return dataset.repeat(self.count)
@@ -253,7 +252,7 @@ def per_replica_batch_size(global_batch_size: int, context: tf.distribute.InputC
 
 
 @dataclasses.dataclass(frozen=True)
-class Batch:
+class Batch(Stage):
     """Batches the per-replica share of the GLOBAL batch; drop_remainder keeps shapes static for TPUs.
 
     Sequential by default: on W1 (128 images of 224x224x3 bfloat16, 38 MB a batch) a parallel
@@ -274,8 +273,12 @@ class Batch:
         """Examples in one batch this stage makes for input pipeline `context`."""
         return per_replica_batch_size(self.global_batch_size, context) if self.per_replica else self.global_batch_size
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
-        size = self.size(context)
+    def after(self, context: StageContext) -> StageContext:
+        """After a batch, an element is `size` examples: a resumed stream's position counts batches."""
+        return dataclasses.replace(context, unit=self.size(context.input))
+
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
+        size = self.size(context.input)
         if self.records and dataset.element_spec.shape.rank == 1:
             # Vectors of records are cut into batches directly: no per-record element on the way.
             return dataset.rebatch(size, drop_remainder=self.drop_remainder)
@@ -316,7 +319,7 @@ def split_position(features: Features) -> tuple[Features, Features]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ToOutputs:
+class ToOutputs(Stage):
     """Feature dict → (inputs, targets) as Keras fit expects; a list of keys keeps a dict.
 
     A windowed pipeline's elements carry their resume position (`POSITION_KEYS`); it is dropped,
@@ -356,7 +359,7 @@ class ToOutputs:
             product = value
         return product
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         def fn(features: Features):
             features, position = split_position(features)
             inputs = self._pick(features, self.inputs, "inputs")
@@ -370,13 +373,13 @@ class ToOutputs:
 
 
 @dataclasses.dataclass(frozen=True)
-class SplitPosition:
+class SplitPosition(Stage):
     """For a windowed pipeline without outputs: the position dropped from each feature dict, or with
     `position=True` returned beside it, as ToOutputs does."""
 
     position: bool = False
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         def fn(features: Features):
             features, position = split_position(features)
             return (features, position) if self.position else features
@@ -385,20 +388,20 @@ class SplitPosition:
 
 
 @dataclasses.dataclass(frozen=True)
-class Prefetch:
+class Prefetch(Stage):
     buffer_size: Union[int, str] = "autotune"
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         if self.buffer_size == 0:
             return dataset
         return dataset.prefetch(tune(self.buffer_size))
 
 
 @dataclasses.dataclass(frozen=True)
-class WithOptions:
+class WithOptions(Stage):
     """Attaches tf.data.Options (see tpu_pipeline.pipeline.options)."""
 
     options: tf.data.Options
 
-    def apply(self, dataset: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         return dataset.with_options(self.options)

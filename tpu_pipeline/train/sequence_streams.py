@@ -13,6 +13,7 @@ from absl import logging
 
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.efficiency import TokenMeter, sequence_keys
+from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import ToOutputs
 
 
@@ -38,13 +39,13 @@ def with_token_meter(pipeline: Pipeline) -> tuple[Pipeline, Optional[TokenMeter]
 
 
 @dataclasses.dataclass(frozen=True)
-class _WholeElements:
+class _WholeElements(Stage):
     """A stage that hands `stage` each element whole: tf.data spreads a tuple element (Keras's
     (inputs, targets, weights) after the outputs) over a map's arguments."""
 
     stage: Any
 
-    def apply(self, dataset: tf.data.Dataset, context: Any = None) -> tf.data.Dataset:
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         nested = dataset.map(lambda *parts: (parts if len(parts) > 1 else parts[0],), name="whole_elements")
         return self.stage.apply(nested, context)
 
