@@ -1,4 +1,4 @@
-"""Sequence packing: our Pack stage against seqio's trim_and_pack_dataset, side by side.
+"""Sequence packing: our Packer stage against seqio's trim_and_pack_dataset, side by side.
 
     .venv/bin/python benchmarks/bench_packing.py [--rounds 3 --seconds 1.0 --workloads long,short]
 
@@ -7,13 +7,13 @@ so only packing is measured):
   long   lognormal lengths, median 300 tokens, sigma 1 (long tail, ~5% over 1024), rows of 1024
   short  lognormal lengths, median 12 tokens, sigma 0.6 ("sentences"), rows of 128
 
-Variants: Pack (first_fit_decreasing / best_fit_decreasing / first_fit, windows 64, 256, 1024;
+Variants: Packer (first_fit_decreasing / best_fit_decreasing / first_fit, windows 64, 256, 1024;
 ragged_batch → map(pack_window) → unbatch); at the largest window also with flat_map or rebatch
-instead of unbatch, and `Pack(window=None)` on ragged batches already in memory (no per-example
+instead of unbatch, and `Packer(window=None)` on ragged batches already in memory (no per-example
 element); seqio.utils.trim_and_pack_dataset (next fit, one open row); for reference, the source
 alone (ragged_batch of the same examples, no packing), parsing the same examples from serialized
 tf.Example (`tf.io.parse_example` with a RaggedFeature, batched and one by one), and batched parse
-followed by `Pack(window=None)`. All consumers take batches of 64 rows (or the parsed batches).
+followed by `Packer(window=None)`. All consumers take batches of 64 rows (or the parsed batches).
 A last table times `pack_window` alone (windows in memory, no tf.data): the algorithm's own cost.
 
 Each round runs every variant once, in a rotated order, for about --seconds (whole passes over
@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tpu_pipeline.pipeline.packing import ALGORITHMS, Pack, pack_window  # noqa: E402
+from tpu_pipeline.pipeline.packing import ALGORITHMS, Packer, pack_window  # noqa: E402
 from tpu_pipeline.pipeline.stage_base import StageContext  # noqa: E402
 
 WORKLOADS = {  # name: (median tokens, lognormal sigma, row length, examples per pass)
@@ -146,15 +146,15 @@ def variants(examples: tf.RaggedTensor, length: int, windows: list[int], seqio_u
             lambda: seqio_utils.trim_and_pack_dataset(shifted, {KEY: length}).batch(CONSUMER_BATCH), False)
     for algorithm in ALGORITHMS:
         for window in windows:
-            stage = Pack({KEY: length}, window=window, algorithm=algorithm)
+            stage = Packer({KEY: length}, window=window, algorithm=algorithm)
             out[f"pack {ALGORITHM_NAMES[algorithm]} w={window}"] = (
                 lambda stage=stage: stage.apply(source, StageContext(context)).batch(CONSUMER_BATCH), False)
-    stage = Pack({KEY: length}, window=big)
+    stage = Packer({KEY: length}, window=big)
     out[f"pack ffd w={big} flat_map"] = (lambda: source.ragged_batch(big).map(stage.pack, num_parallel_calls=AUTO)
                                          .flat_map(tf.data.Dataset.from_tensor_slices).batch(CONSUMER_BATCH), False)
     out[f"pack ffd w={big} rebatch"] = (lambda: source.ragged_batch(big).map(stage.pack, num_parallel_calls=AUTO)
                                         .rebatch(CONSUMER_BATCH), False)
-    batches = Pack({KEY: length}, window=None)
+    batches = Packer({KEY: length}, window=None)
     out[f"pack ffd batches of {big}"] = (lambda: batches.apply(windows_of(examples, big)).batch(CONSUMER_BATCH), False)
     out[f"ref: source ragged_batch({big})"] = (lambda: source.ragged_batch(big), True)
     records = tf.data.Dataset.from_tensor_slices(serialized(examples))

@@ -11,9 +11,9 @@ the files forever, on one input pipeline on the CPU:
   ours pack       data.sequence mode pack (overflow truncate), built by Pipeline.from_config
   ours bucket     data.sequence mode bucket, boundaries L/8, L/4, L/2, L (overflow truncate)
   ours pad        data.sequence mode pad (overflow truncate)
-  pack, batched   our Pack stage (tpu_pipeline.pipeline.packing, first fit decreasing, truncate) used
+  pack, batched   our Packer stage (tpu_pipeline.pipeline.packing, first fit decreasing, truncate) used
                   directly on a batched parse: parse_example of 1024 records, each parsed ragged
-                  batch packed as one window (Pack(window=None)), then batch: what packing costs
+                  batch packed as one window (Packer(window=None)), then batch: what packing costs
                   without a per-example element in front of it
   pad (tfm)       what tensorflow/models does: parse each example, cut/pad it to L with an input
                   mask, batch
@@ -65,7 +65,7 @@ import sequence_workloads  # noqa: E402
 from bench_packing import import_seqio_utils  # noqa: E402
 from tpu_pipeline.config import config_from_dict  # noqa: E402
 from tpu_pipeline.pipeline import Pipeline  # noqa: E402
-from tpu_pipeline.pipeline.packing import Pack  # noqa: E402
+from tpu_pipeline.pipeline.packing import Packer  # noqa: E402
 
 KEY = sequence_workloads.KEY
 BATCH = 64
@@ -157,9 +157,9 @@ def ours(pattern: str, length: int, mode: str) -> tf.data.Dataset:
 
 
 def pack_batched(pattern: str, length: int) -> tf.data.Dataset:
-    """Our Pack stage alone on a batched parse: each parsed [W, None] batch packed as one window."""
+    """Our Packer stage alone on a batched parse: each parsed [W, None] batch packed as one window."""
     parsed = records(pattern).batch(PACK_WINDOW).map(parse_batch, num_parallel_calls=AUTO)
-    stage = Pack({KEY: length}, window=None, overflow="truncate")
+    stage = Packer({KEY: length}, window=None, overflow="truncate")
     return stage.apply(parsed).batch(BATCH, drop_remainder=True).prefetch(AUTO)
 
 

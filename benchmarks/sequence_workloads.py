@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 from tpu_pipeline.format import read_metadata, write_metadata  # noqa: E402
-from tpu_pipeline.ops.sequence import BYTE_OFFSET  # noqa: E402
+from tpu_pipeline.ops.token_ops import BYTE_OFFSET  # noqa: E402
 from tpu_pipeline.records.writer import write_split  # noqa: E402
 from workloads import bench_dir  # noqa: E402
 

@@ -22,9 +22,9 @@ from tpu_pipeline.records import ConvertOptions, convert, read_metadata
 from tpu_pipeline.records.convert import STATE_DIR
 
 from helpers import kill_convert_after_shards
-from tpu_pipeline.records.csv_source import CsvSource
+from tpu_pipeline.records.csv_input import CsvSource
 from tpu_pipeline.records.image_folder import ImageFolderSource
-from tpu_pipeline.records.numpy_source import NumpySource
+from tpu_pipeline.records.numpy_input import NumpySource
 from tpu_pipeline.records.sharding import split_fractions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

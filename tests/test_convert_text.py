@@ -22,7 +22,7 @@ from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format import dataset_tokenizer, load_tokenizer
 from tpu_pipeline.format import tokenizer as tokenizer_module
-from tpu_pipeline.ops import sequence as sequence_ops
+from tpu_pipeline.ops import token_ops as sequence_ops
 from tpu_pipeline.pipeline import source_from_config
 from tpu_pipeline.records import ConvertOptions, TextSource, convert, read_metadata
 from tpu_pipeline.records.convert import STATE_DIR

@@ -1,5 +1,5 @@
 """Sequence packing (tpu_pipeline.pipeline.packing): properties of pack_window against an
-independent Python decoder and reference packer, and the Pack stage end to end."""
+independent Python decoder and reference packer, and the Packer stage end to end."""
 from __future__ import annotations
 
 import collections
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.packing import ALGORITHMS, Pack, pack_window
+from tpu_pipeline.pipeline.packing import ALGORITHMS, Packer, pack_window
 from tpu_pipeline.pipeline.stage_base import StageContext
 
 KEYS = ("inputs", "targets", "extra")
@@ -238,10 +238,10 @@ def test_overflow_error_names_the_key_and_lengths():
 ])
 def test_pack_refuses_bad_arguments(kwargs, match):
     with pytest.raises(ConfigError, match=match):
-        Pack(**{"lengths": {"x": 4}, "window": 8, **kwargs})
+        Packer(**{"lengths": {"x": 4}, "window": 8, **kwargs})
 
 
-# ----------------------------------------------------------------------------- the Pack stage
+# ----------------------------------------------------------------------------- the Packer stage
 
 def lm_examples(count: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
@@ -254,7 +254,7 @@ def test_pack_stage_end_to_end_with_partial_last_window(algorithm):
     examples = lm_examples(27)
     lengths = {"inputs": 16, "targets": 8}
     source = tf.data.Dataset.from_tensor_slices(ragged_window(examples, lengths))
-    stage = Pack(lengths, window=8, algorithm=algorithm, overflow="split")
+    stage = Packer(lengths, window=8, algorithm=algorithm, overflow="split")
     packed = stage.apply(source, StageContext())
     for key in lengths:
         for name in (key, f"{key}_segment_ids", f"{key}_positions"):
@@ -276,7 +276,7 @@ def test_pack_stage_from_generator_and_metadata():
     source = tf.data.Dataset.from_generator(
         lambda: ({k: np.array(v, np.int32) for k, v in e.items()} for e in examples),
         output_signature={k: tf.TensorSpec([None], tf.int32) for k in ("inputs", "targets")})
-    packed = Pack({"inputs": 24, "targets": 8}, window=4, metadata=True).apply(source, StageContext())
+    packed = Packer({"inputs": 24, "targets": 8}, window=4, metadata=True).apply(source, StageContext())
     assert packed.element_spec["inputs"].shape == [24] and packed.element_spec["targets_positions"].shape == [8]
     rows = list(packed.as_numpy_iterator())
     ends = [r for r in rows if r["_row"] == r["_window_rows"] - 1]
@@ -289,11 +289,11 @@ def test_pack_stage_refuses_a_feature_it_cannot_place():
     source = tf.data.Dataset.from_tensor_slices({"inputs": tf.ragged.constant([[1, 2], [3]]), "id": [7, 8]})
     with pytest.raises(ConfigError, match="feature 'id' is not in sequence.keys: a packed row has no place for it; "
                                           "drop it with an op or add it to sequence.keys"):
-        Pack({"inputs": 4}, window=2).apply(source, StageContext())
+        Packer({"inputs": 4}, window=2).apply(source, StageContext())
     with pytest.raises(ConfigError, match="sequence.keys names 'targets'"):
-        Pack({"inputs": 4, "targets": 4, "id": 1}, window=2).apply(source, StageContext())
+        Packer({"inputs": 4, "targets": 4, "id": 1}, window=2).apply(source, StageContext())
     with pytest.raises(ConfigError, match="feature 'id' is .* not a 1-D sequence"):
-        Pack({"inputs": 4, "id": 1}, window=2).apply(source, StageContext())
+        Packer({"inputs": 4, "id": 1}, window=2).apply(source, StageContext())
 
 
 def test_pack_stage_takes_ragged_batches_as_windows():
@@ -306,7 +306,7 @@ def test_pack_stage_takes_ragged_batches_as_windows():
     spec = {k: tf.io.RaggedFeature(tf.int64) for k in ("inputs", "targets")}
     parsed = tf.data.Dataset.from_tensor_slices(records).batch(4).map(lambda r: tf.io.parse_example(r, spec))
     lengths = {"inputs": 20, "targets": 6}
-    packed = Pack(lengths, window=None).apply(parsed, StageContext())
+    packed = Packer(lengths, window=None).apply(parsed, StageContext())
     assert packed.element_spec["inputs"] == tf.TensorSpec([20], tf.int64)
     rows = list(packed.as_numpy_iterator())
     stacked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
@@ -315,7 +315,7 @@ def test_pack_stage_takes_ragged_batches_as_windows():
     assert collections.Counter(got) == collections.Counter(expected_items(examples, lengths, "truncate"))
     with pytest.raises(ConfigError, match="already ragged batches of examples: pack each as it comes with "
                                           "sequence.window=None"):
-        Pack(lengths, window=8).apply(parsed, StageContext())
+        Packer(lengths, window=8).apply(parsed, StageContext())
     single = tf.data.Dataset.from_tensor_slices(ragged_window(examples, lengths))
     with pytest.raises(ConfigError, match="sequence.window=None packs elements that are ragged batches"):
-        Pack(lengths, window=None).apply(single, StageContext())
+        Packer(lengths, window=None).apply(single, StageContext())

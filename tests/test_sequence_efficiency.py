@@ -22,7 +22,7 @@ from tpu_pipeline.pipeline.efficiency import (
     bucket_fraction, example_lengths, non_padding_fraction, pack_fraction, pad_fraction, real_and_slots, real_examples,
     sequence_keys,
 )
-from tpu_pipeline.pipeline.sequence import bucket_batches
+from tpu_pipeline.pipeline.sequence_stages import bucket_batches
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible, tpu_advice, tpu_problems
 from tpu_pipeline.records.writer import int_feature, write_split
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.records.convert import ConvertOptions, convert
-from tpu_pipeline.records.text_source import TextSource
+from tpu_pipeline.records.text_input import TextSource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -20,8 +20,8 @@ from tpu_pipeline.bench.measure import Measurement
 from tpu_pipeline.config.data import DataConfig, ServiceConfig
 from tpu_pipeline.pipeline import Pipeline, Plan
 from tpu_pipeline.pipeline.efficiency import bucket_fraction, example_lengths, pack_fraction, pad_fraction, sequence_keys
-from tpu_pipeline.pipeline.sequence import bucket_batches
-from tpu_pipeline.records.text_source import MAX_RECORD_TOKENS
+from tpu_pipeline.pipeline.sequence_stages import bucket_batches
+from tpu_pipeline.records.text_input import MAX_RECORD_TOKENS
 
 LOW_FRACTION = 0.7  # pad or bucket below this share of tokens: pack is worth its segment ids
 PACK_WINDOW = 1024  # the window pack mode measured best (docs/sequences.md; the plan's auto)

@@ -65,7 +65,7 @@ def make_source(kind: str, target: str, more: Sequence[str] = ()) -> ConvertSour
     reencode = "" if FLAGS.reencode == "none" else FLAGS.reencode
     splits = FLAGS.splits or "train"
     if kind == "text":
-        from tpu_pipeline.records.text_source import TextSource
+        from tpu_pipeline.records.text_input import TextSource
 
         return TextSource(
             [target, *more], splits=splits, seed=FLAGS.seed, shuffle=FLAGS.shuffle, tokenizer=FLAGS.tokenizer,
@@ -81,11 +81,11 @@ def make_source(kind: str, target: str, more: Sequence[str] = ()) -> ConvertSour
         require_label=FLAGS["label_column"].present, class_names=FLAGS.class_names,
     )
     if kind == "csv":
-        from tpu_pipeline.records.csv_source import CsvSource, parse_columns
+        from tpu_pipeline.records.csv_input import CsvSource, parse_columns
 
         return CsvSource(target, columns=parse_columns(FLAGS.columns) if FLAGS.columns else None, **tabular)
     if kind == "numpy":
-        from tpu_pipeline.records.numpy_source import NumpySource
+        from tpu_pipeline.records.numpy_input import NumpySource
 
         return NumpySource(target, reencode=reencode, jpeg_quality=FLAGS.jpeg_quality, **tabular)
     from tpu_pipeline.records.tfds_reader import TFDSConvertSource
@@ -134,7 +134,7 @@ def interrupted() -> str:
 
 def long_documents_line(metadata: dict[str, Any]) -> str:
     """One warning line for the documents far longer than any row (text datasets), or "" when none is."""
-    from tpu_pipeline.records.text_source import LONG_DOCUMENT_TOKENS
+    from tpu_pipeline.records.text_input import LONG_DOCUMENT_TOKENS
 
     splits = {name: entry for name, entry in metadata["splits"].items() if entry.get("num_long_documents")}
     if not splits:

@@ -234,7 +234,7 @@ class OutputsConfig(StrictModel):
     )
 
 
-# What each data.sequence mode adds beside a key (pipeline/sequence.py makes them; model/transformer.py
+# What each data.sequence mode adds beside a key (pipeline/sequence_stages.py makes them; model/transformer.py
 # reads them by these names).
 SEQUENCE_INPUTS = {"pack": ("_segment_ids", "_positions"), "pad": ("_mask",), "bucket": ("_mask",)}
 EXAMPLE_MASK = "example_mask"  # bucket mode: 0 on the examples that fill a bucket's last batches

@@ -18,7 +18,7 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.metadata import read_dataset_metadata
 from tpu_pipeline.system import local_path
 
-# ByT5's layout: ids 0, 1, 2 are pad, EOS, UNK; byte b is id b + 3. Equal to ops.sequence.BYTE_OFFSET
+# ByT5's layout: ids 0, 1, 2 are pad, EOS, UNK; byte b is id b + 3. Equal to ops.token_ops.BYTE_OFFSET
 # (the in-pipeline `tokenize_bytes` op), which a test asserts: format and ops never import each other.
 BYTE_OFFSET = 3
 BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET

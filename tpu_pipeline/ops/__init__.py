@@ -4,7 +4,7 @@
 factories run, and may use TensorFlow, when a pipeline is built (`build_ops`, `RegisteredOp.build`).
 `keyed` writes an op as a function of one tensor; `scoped_ops` undoes registrations (for tests).
 """
-from tpu_pipeline.ops import image, label, sequence  # noqa: F401  (registers the built-in ops)
+from tpu_pipeline.ops import image, label, token_ops  # noqa: F401  (registers the built-in ops)
 from tpu_pipeline.ops.check import build_ops, check_ops
 from tpu_pipeline.ops.keyed import keyed
 from tpu_pipeline.ops.registry import OpFn, RegisteredOp, get_op, register_op, registered_ops, scoped_ops

@@ -4,7 +4,7 @@ from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import feature_spec, make_parser
 from tpu_pipeline.pipeline.plan import Decision, Plan, make_plan
-from tpu_pipeline.pipeline.source import ReadOptions, Source
+from tpu_pipeline.pipeline.source_base import ReadOptions, Source
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource, choose_sharding, list_files
 from tpu_pipeline.pipeline.stage_assembly import stages_from_plan

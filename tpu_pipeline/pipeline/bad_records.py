@@ -34,7 +34,7 @@ from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.record_check import (TAIL_KINDS, Fault, FileChecker, Vocabulary, count_by_kind,
                                                 dataset_vocabularies)
 from tpu_pipeline.pipeline.record_scan import Record, scan_records
-from tpu_pipeline.pipeline.source import RecordFileSource
+from tpu_pipeline.pipeline.source_base import RecordFileSource
 from tpu_pipeline.pipeline.sources import TFRecordSource
 from tpu_pipeline.system import available_cores, default_cache_dir
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.packing import Pack
+from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
 MASK_SUFFIX = "_mask"  # pad, bucket: 1 on real tokens
@@ -169,12 +169,12 @@ def pad_fraction(lengths: Iterable[int], length: int) -> float:
 def pack_fraction(lengths: Iterable[int], length: int, window: int, algorithm: str = "first_fit_decreasing",
                   overflow: str = "truncate") -> float:
     """Pack mode: the examples, in this order, packed in windows of `window` by the pipeline's own
-    packer (`packing.Pack`, in a dataset: one trace for every window); real tokens / (rows × length)."""
+    packer (`packing.Packer`, in a dataset: one trace for every window); real tokens / (rows × length)."""
     values = np.asarray(list(lengths), np.int32)
     if not len(values):
         return 0.0
     examples = tf.data.Dataset.from_tensor_slices(values).map(lambda n: {"tokens": tf.zeros([n], tf.int32)})
-    rows = Pack({"tokens": length}, window, algorithm, overflow, num_parallel_calls=1).apply(examples)
+    rows = Packer({"tokens": length}, window, algorithm, overflow, num_parallel_calls=1).apply(examples)
     counts = rows.batch(4096).map(lambda batch: tf.stack([
         tf.math.count_nonzero(batch["tokens_segment_ids"], dtype=tf.int64), tf.shape(batch["tokens"], tf.int64)[0]]))
     real, num_rows = (int(v) for v in counts.reduce(tf.zeros([2], tf.int64), lambda total, more: total + more))

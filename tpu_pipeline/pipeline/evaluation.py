@@ -13,8 +13,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.sequence import EXAMPLE_MASK, Bucket, Windowed
-from tpu_pipeline.pipeline.source import RecordFileSource, Source
+from tpu_pipeline.pipeline.sequence_stages import EXAMPLE_MASK, Bucket, Windowed
+from tpu_pipeline.pipeline.source_base import RecordFileSource, Source
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import Batch, Repeat, ToOutputs, per_replica_batch_size
 

@@ -31,7 +31,7 @@ from typing import Any, Optional, Protocol
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.sequence import Windowed
+from tpu_pipeline.pipeline.sequence_stages import Windowed
 from tpu_pipeline.pipeline.stages import last_position
 
 

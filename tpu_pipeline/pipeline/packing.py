@@ -237,7 +237,7 @@ def _rank(spec: Any) -> Optional[int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Pack(Stage):
+class Packer(Stage):
     """Packs variable-length token features into rows of static `[length]`:
     ragged_batch(window) → map(pack_window) → unbatch (one row per element).
 

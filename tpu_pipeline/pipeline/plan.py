@@ -18,7 +18,7 @@ from tpu_pipeline.config.data import DataConfig, FeatureConfig, TFDSSourceConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import check_ops, get_op
 from tpu_pipeline.pipeline.sequence_plan import plan_sequence
-from tpu_pipeline.pipeline.source import ReadOptions, Source
+from tpu_pipeline.pipeline.source_base import ReadOptions, Source
 from tpu_pipeline.system import available_memory_bytes
 
 BATCHED_RECORD_BLOCK = 256  # records per interleave element when parsing whole batches

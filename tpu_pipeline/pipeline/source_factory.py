@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
-from tpu_pipeline.pipeline.source import Source
+from tpu_pipeline.pipeline.source_base import Source
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
 from tpu_pipeline.pipeline.tfds_source import TFDSSource
 

@@ -29,7 +29,7 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format import DatasetInfo
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import AUTOTUNE, tune
-from tpu_pipeline.pipeline.source import ReadOptions, RecordFileSource, Source
+from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource, Source
 from tpu_pipeline.system import local_path
 
 

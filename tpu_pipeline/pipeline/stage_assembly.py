@@ -35,7 +35,7 @@ from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.plan import Plan
-from tpu_pipeline.pipeline.sequence import Bucket, PackRows, pad_batch, pad_example
+from tpu_pipeline.pipeline.sequence_stages import Bucket, PackRows, pad_batch, pad_example
 from tpu_pipeline.pipeline.sequence_plan import SequencePlan
 from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.stages import (

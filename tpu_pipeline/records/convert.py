@@ -33,7 +33,7 @@ from absl import logging
 from tqdm import tqdm
 
 from tpu_pipeline.errors import ConfigError, DataError
-from tpu_pipeline.records.convert_source import ConvertSource, Encoded, ItemError
+from tpu_pipeline.records.convert_input import ConvertSource, Encoded, ItemError
 from tpu_pipeline.records.out_lock import out_lock
 from tpu_pipeline.records.parallel import ordered_map
 from tpu_pipeline.records.sharding import num_shards_for, shard_bounds

@@ -15,7 +15,7 @@ import tempfile
 
 from tpu_pipeline.format import read_metadata
 from tpu_pipeline.records.convert import ConvertOptions, convert
-from tpu_pipeline.records.text_source import TextSource
+from tpu_pipeline.records.text_input import TextSource
 from tpu_pipeline.system import default_cache_dir
 
 TEXT_DEMO_DIR = os.path.join("demo_text", "v1")  # under the cache; configs/text_lm.yaml names it

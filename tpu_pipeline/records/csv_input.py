@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError, DataError
-from tpu_pipeline.records.convert_source import ItemError
+from tpu_pipeline.records.convert_input import ItemError
 from tpu_pipeline.records.examples import DTYPES, class_ids, feature, serialize, spec
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
 from tpu_pipeline.system import local_path

@@ -30,7 +30,7 @@ from absl import logging
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.tokenizer import IdsTokenizer, Tokenizer, load_tokenizer
-from tpu_pipeline.records.convert_source import Encoded, ItemError
+from tpu_pipeline.records.convert_input import Encoded, ItemError
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
 from tpu_pipeline.system import local_path
 

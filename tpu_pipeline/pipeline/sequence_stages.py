@@ -27,7 +27,7 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message
-from tpu_pipeline.pipeline.packing import Pack
+from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields
 
@@ -174,8 +174,8 @@ class PackRows(Windowed):
     row_shuffle: int = 0  # windows whose rows are permuted together; 0: rows in packing order
     seed: int = 0
 
-    def _packer(self, windows_given: bool = True) -> Pack:
-        return Pack(dict(self.lengths), None if windows_given else self.window, self.algorithm, self.overflow)
+    def _packer(self, windows_given: bool = True) -> Packer:
+        return Packer(dict(self.lengths), None if windows_given else self.window, self.algorithm, self.overflow)
 
     def check_features(self, spec: Mapping[str, Any]) -> None:
         # One line naming a feature that would ride along in a row, or a missing or misshapen key.
