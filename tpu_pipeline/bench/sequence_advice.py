@@ -19,8 +19,8 @@ from tpu_pipeline.bench.finding import Finding
 from tpu_pipeline.bench.measure import Measurement
 from tpu_pipeline.config.data import DataConfig, ServiceConfig
 from tpu_pipeline.pipeline import Pipeline, Plan
-from tpu_pipeline.pipeline.efficiency import bucket_fraction, example_lengths, pack_fraction, pad_fraction, sequence_keys
-from tpu_pipeline.pipeline.sequence_stages import bucket_batches
+from tpu_pipeline.pipeline.efficiency import example_lengths, pack_fraction, pad_fraction, sequence_keys
+from tpu_pipeline.pipeline.modes import sequence_mode
 from tpu_pipeline.records.text_input import MAX_RECORD_TOKENS
 
 LOW_FRACTION = 0.7  # pad or bucket below this share of tokens: pack is worth its segment ids
@@ -137,10 +137,11 @@ def sequence_report(config: DataConfig, plan: Plan, measured: Optional[Measureme
     if not lengths:
         return None
     length = int(sequence.lengths[key])
-    fraction = _fraction_as(sequence.mode, lengths, sequence, config, length)
+    mode = sequence_mode(sequence.mode)
+    fraction = mode.fraction(lengths, sequence, config.batch_size, length)
     findings: list[Finding] = []
     seen = f"on the {len(lengths):,} examples seen"
-    if sequence.mode in ("pad", "bucket") and fraction < LOW_FRACTION:
+    if mode.packs_denser and fraction < LOW_FRACTION:
         packed = pack_fraction(lengths, length, PACK_WINDOW)
         if packed > fraction:
             others = sorted(set(copy.features) - set(sequence.lengths)) if copy.features else []
@@ -150,7 +151,7 @@ def sequence_report(config: DataConfig, plan: Plan, measured: Optional[Measureme
                 f"~{packed:.0%} tokens in each row (first_fit_decreasing over windows of {PACK_WINDOW}, run {seen}); "
                 f"the model then reads {key}_segment_ids and {key}_positions{refused}",
                 ("data.sequence.mode=pack",)))
-    if sequence.mode == "pad":
+    if mode.shorter_length_helps:
         shorter = -(-max(lengths) // 128) * 128
         if shorter < length:
             findings.append(Finding(
@@ -158,7 +159,7 @@ def sequence_report(config: DataConfig, plan: Plan, measured: Optional[Measureme
                 f"{pad_fraction(lengths, shorter):.0%} of the slots tokens in pad mode (longer examples would be "
                 "cut or refused, data.sequence.overflow)",
                 (f"data.sequence.length={shorter}",)))
-    if sequence.mode == "pack" and sequence.window < PACK_WINDOW:
+    if mode.wider_window_helps and sequence.window < PACK_WINDOW:
         wider = pack_fraction(lengths, length, PACK_WINDOW, sequence.algorithm)
         if wider >= fraction + WINDOW_GAIN:
             findings.append(Finding(
@@ -173,12 +174,3 @@ def sequence_report(config: DataConfig, plan: Plan, measured: Optional[Measureme
                           long_examples(config, key, length, sample))
 
 
-def _fraction_as(mode: str, lengths: list[int], sequence: Any, config: DataConfig, length: int) -> float:
-    """The fraction `mode` reaches on `lengths` (the configured mode, window and buckets)."""
-    if mode == "pad":
-        return pad_fraction(lengths, length)
-    if mode == "pack":
-        return pack_fraction(lengths, length, sequence.window, sequence.algorithm)
-    sizes = bucket_batches(list(sequence.bucket_lengths), config.batch_size, tf.distribute.InputContext(),
-                           sequence.bucket_batch)
-    return bucket_fraction(lengths, list(sequence.bucket_lengths), sizes, sequence.window)

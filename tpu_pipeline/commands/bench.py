@@ -45,13 +45,13 @@ def run(overrides: Sequence[str]) -> int:
     runs = measure(dataset, FLAGS.steps, FLAGS.warmup, FLAGS.repeats, meter=meter)
     total = aggregate(runs)  # the runs' sum over their time (not a median of them: that would hide slow batches)
     spread = statistics.pstdev(r.examples_per_sec for r in runs) / total.examples_per_sec
-    rows = " packed rows" if config.sequence is not None and config.sequence.mode == "pack" else ""
+    mode = pipeline.sequence_mode
+    rows = f" {mode.row_name}" if mode is not None and mode.row_name else ""
     print(f"{FLAGS.section}: {FLAGS.repeats} runs of {FLAGS.steps} batches (global batch {config.batch_size}{rows}), "
           "all runs together:")
     print(f"  examples/s          {total.examples_per_sec:14,.0f}   (spread {spread:.1%})")
     if total.non_padding_fraction is not None:
         key = sequence_keys(dataset.element_spec[0] if meter.positioned else dataset.element_spec)[0].name
-        mode = config.sequence.mode if config.sequence is not None else "?"
         print(f"  tokens/s            {total.tokens_per_sec:14,.0f}   (real tokens of {key}; padding not counted)")
         print(f"  non-padding         {total.non_padding_fraction:14.1%}   ({total.real_tokens:,} real of {total.token_slots:,} slots "
               f"of '{key}'; data.sequence.mode={mode})")

@@ -57,6 +57,6 @@ def run(overrides: Sequence[str]) -> int:
         key = sequence_keys(dataset.element_spec[0] if meter.positioned else dataset.element_spec)[0].name
         print(f"tokens: {measured.tokens_per_sec:,.0f} tokens/s, non-padding fraction {measured.non_padding_fraction:.3f} "
               f"({measured.real_tokens:,} real tokens of {measured.token_slots:,} slots of '{key}', "
-              f"data.sequence.mode={config.data.sequence.mode})")
+              f"data.sequence.mode={pipeline.sequence_mode})")
     print("measured: " + describe(measured, FLAGS.warmup, meter.first_batch_seconds))
     return 0

@@ -21,6 +21,7 @@ from tpu_pipeline.pipeline.bad_records import SkipReport, check_copies_reachable
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.evaluation import evaluation_steps, for_evaluation
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
+from tpu_pipeline.pipeline.modes import SequenceMode, sequence_mode
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.record_check import Vocabulary
 from tpu_pipeline.pipeline.sequence_stages import INDEX_KEY, Bucket, Windowed
@@ -102,7 +103,8 @@ class Pipeline:
         context = input_context or tf.distribute.InputContext()
         stages = self._stages_with_position(with_position)
         split = self.service
-        if isinstance(self.windowed, Bucket) and context.num_input_pipelines > 1:
+        mode = self.sequence_mode
+        if mode is not None and mode.shares_stream(context):
             dataset = self._shared_buckets(stages, context, start, skip)
         elif split is None:
             dataset = self._stream(stages, context, start, skip_outputs=skip, chunk=chunk)
@@ -114,11 +116,17 @@ class Pipeline:
                 position: key for position, key in (("inputs", outputs.inputs), ("targets", outputs.targets))
                 if isinstance(key, str)}
             sequence = self.plan.sequence.value if self.plan is not None else None
-            check_tpu_compatible(dataset, names, tuple(self.windowed.keys) if isinstance(self.windowed, Bucket) else (),
+            check_tpu_compatible(dataset, names, tuple(self.windowed.keys) if mode is not None and mode.length_varies else (),
                                  sequence_lengths=(sequence.lengths if sequence else {}) if self.plan else None,
                                  bucket_lengths=sequence.bucket_lengths if sequence else (),
                                  replicas=context.num_replicas_in_sync, prefix=self.prefix)
         return dataset
+
+    @property
+    def sequence_mode(self) -> Optional[SequenceMode]:
+        """The data.sequence mode the plan chose (pad, bucket, pack: tpu_pipeline.pipeline.modes), or None."""
+        sequence = self.plan.sequence.value if self.plan is not None else None
+        return sequence_mode(sequence.mode) if sequence is not None else None
 
     @property
     def windowed(self) -> Optional[Windowed]:
@@ -143,7 +151,7 @@ class Pipeline:
         stream (as one pipeline would), buckets it into groups of all replicas' batches, and keeps the
         batches of its own replicas: each host parses every record (the price), every step has one
         shape, and each example reaches exactly one replica."""
-        at = next(i for i, stage in enumerate(stages) if isinstance(stage, Bucket))
+        at = next(i for i, stage in enumerate(stages) if isinstance(stage, Windowed))
         shared = tf.distribute.InputContext(1, 0, context.num_replicas_in_sync)
         everything = self._stream(stages[:at + 1], shared, start, skip_outputs=skip)
         mine = context.num_replicas_in_sync // context.num_input_pipelines

@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import tensorflow as tf
 from absl import logging
@@ -29,7 +29,16 @@ from tpu_pipeline.system import local_path
 
 if TYPE_CHECKING:
     from tpu_pipeline.config.data import DataConfig
-    from tpu_pipeline.pipeline.plan import Plan
+
+
+class Plan(Protocol):
+    """What a fingerprint reads of a `plan.Plan` (its decisions: `.value` and `.reason`), named here so
+    that this module, which the stages import, imports no plan (the plan imports the stages' modes)."""
+
+    files: Any
+    features: Any
+    parse: Any
+    order: Any
 
 FINGERPRINT_CHARS = 16  # hex digits of sha256: 64 bits, no accidental collision between configs
 FORMAT = 1  # bump when what goes into the key changes

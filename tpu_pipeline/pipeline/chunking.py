@@ -44,20 +44,21 @@ def as_blocks(dataset: tf.data.Dataset, keys: Sequence[str]) -> tf.data.Dataset:
     return dataset if is_block(dataset.element_spec, keys) else dataset.ragged_batch(EXAMPLES_PER_BLOCK)
 
 
-def overflow_message(key: str, length: int, mode: str) -> str:
-    """The one line an example longer than its row gets with overflow: error."""
-    fix = "truncate (or split)" if mode == "pack" else "truncate"
+def overflow_message(key: str, length: int, splits: bool = False) -> str:
+    """The one line an example longer than its row gets with overflow: error (`splits`: the mode can
+    also split it into chunks)."""
+    fix = "truncate (or split)" if splits else "truncate"
     return (f"data.sequence: an example of {key} is longer than length {length}; set "
             f"data.sequence.overflow: {fix}, raise data.sequence.length, or cut it with a truncate op")
 
 
-def overflow_check(counts: tf.Tensor, keys: Sequence[str], limits: Sequence[int], mode: str) -> tf.Operation:
+def overflow_check(counts: tf.Tensor, keys: Sequence[str], limits: Sequence[int], splits: bool) -> tf.Operation:
     """overflow=error: one InvalidArgumentError naming the key and the length."""
     checks = []
     for i, (key, limit) in enumerate(zip(keys, limits)):
         longest = tf.reduce_max(tf.concat([counts[:, i], [0]], 0))
         checks.append(tf.debugging.assert_less_equal(longest, tf.constant(limit, tf.int64),
-                                                     message=overflow_message(key, limit, mode)))
+                                                     message=overflow_message(key, limit, splits)))
     return tf.group(checks)
 
 
@@ -79,7 +80,7 @@ def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], 
         per_example = tf.reduce_max((counts + limit - 1) // limit, axis=1)
     else:
         per_example = tf.cast(tf.reduce_max(counts, axis=1) > 0, tf.int64)
-    checks = [overflow_check(counts, keys, limits, "pack")] if overflow == "error" else []
+    checks = [overflow_check(counts, keys, limits, splits=True)] if overflow == "error" else []
     with tf.control_dependencies(checks):
         example, chunk = expand_counts(per_example)
     number = first_example + example

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.sequence_stages import EXAMPLE_MASK, Bucket, Windowed
+from tpu_pipeline.pipeline.sequence_stages import EXAMPLE_MASK, Windowed
 from tpu_pipeline.pipeline.source_base import RecordFileSource, Source
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import Batch, Repeat, ToOutputs, per_replica_batch_size
@@ -34,6 +34,9 @@ class EvaluatedPipeline(Protocol):
     @property
     def windowed(self) -> Optional[Windowed]: ...
 
+    @property
+    def sequence_mode(self) -> Any: ...  # a modes.SequenceMode, or None (evaluation imports no mode)
+
     def build(self, input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset: ...
 
 
@@ -41,9 +44,15 @@ PipelineT = TypeVar("PipelineT", bound=EvaluatedPipeline)
 
 
 def for_evaluation(pipeline: PipelineT) -> PipelineT:
-    """`pipeline` for exact evaluation (`Pipeline.for_evaluation` says what that is)."""
-    if isinstance(pipeline.windowed, Bucket):
-        return _bucketed_evaluation(pipeline)
+    """`pipeline` for exact evaluation (`Pipeline.for_evaluation` says what that is): as its sequence
+    mode pads one (`SequenceMode.evaluation`), else padded to whole steps."""
+    mode = pipeline.sequence_mode
+    return mode.evaluation(pipeline) if mode is not None else padded_evaluation(pipeline)
+
+
+def padded_evaluation(pipeline: PipelineT) -> PipelineT:
+    """One pass, every record (cover_all), the last batch padded and whole zero batches added until
+    every input pipeline gives the same steps (`PadToSteps`); a windowed stream's rows counted by a pass."""
     batches = [stage for stage in pipeline.stages if isinstance(stage, Batch) and stage.per_replica]
     repeats = [stage for stage in pipeline.stages if isinstance(stage, Repeat)]
     outputs = [stage for stage in pipeline.stages if isinstance(stage, ToOutputs)]
@@ -72,7 +81,7 @@ def for_evaluation(pipeline: PipelineT) -> PipelineT:
     return dataclasses.replace(pipeline, source=source, stages=stages)
 
 
-def _bucketed_evaluation(pipeline: PipelineT) -> PipelineT:
+def bucketed_evaluation(pipeline: PipelineT) -> PipelineT:
     """for_evaluation of a bucketed pipeline: one pass, every record (cover_all), weights from
     `example_mask`, steps counted by a pass."""
     prefix = pipeline.prefix

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tpu_pipeline.config.data import DataConfig, FeatureConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import check_ops, get_op
-from tpu_pipeline.pipeline.sequence_plan import plan_sequence
+from tpu_pipeline.pipeline.modes import plan_sequence
 from tpu_pipeline.pipeline.source_base import ReadOptions, Source
 from tpu_pipeline.system import available_memory_bytes
 

@@ -1,7 +1,8 @@
-"""The plan's `sequence` decision: pad, bucket or pack (data.sequence), with every `auto` resolved.
+"""What the plan's `sequence` decision holds (`SequencePlan`), and the measured knobs the modes plan
+with: window sizes, row-shuffle pools, parse blocks.
 
-Part of the plan (tpu_pipeline.pipeline.plan calls `plan_sequence` once, in `make_plan`), in a module
-of its own because its knobs are many and measured: window sizes, row-shuffle pools, parse blocks.
+The modes themselves (tpu_pipeline.pipeline.modes) make the decision: `modes.plan_sequence`, called
+once by `make_plan`.
 """
 from __future__ import annotations
 
@@ -55,44 +56,6 @@ def pack_window(length: int) -> int:
     return max(PACK_WINDOW_MIN, min(PACK_WINDOW, PACK_WINDOW_TOKENS // length))
 
 
-def plan_sequence(config: DataConfig, prefix: str, source: Source, files: tuple[str, ...],
-                  files_bytes: FilesBytes) -> tuple[Optional[SequencePlan], str]:
-    """The plan's `sequence` decision: (what data.sequence asks for with `auto` resolved, or None; why).
-    `files_bytes(files, limit)`: the plan's measure of the files' size, for pack's parse block."""
-    sequence = config.sequence
-    if sequence is None:
-        return None, "no data.sequence: every feature has a static shape"
-    key = f"{prefix}.sequence"
-    lengths = sequence.lengths()
-    overflow = sequence.resolved_overflow()
-    cut = {"split": "longer examples cut into chunks of the length, each its own segment",
-           "truncate": "longer examples keep their first length tokens",
-           "error": "a longer example stops the pipeline"}[overflow]
-    cut += " (overflow auto)" if sequence.overflow == "auto" else ""
-    if sequence.mode == "pad":
-        return (SequencePlan("pad", lengths, 0, overflow, sequence.algorithm),
-                f"{key}.mode=pad: each example padded to its length, a mask beside it; {cut}")
-    if sequence.mode == "bucket":
-        bounds = tuple(sequence.boundaries or _default_boundaries(sequence.max_length))
-        if bounds[-1] < sequence.max_length:
-            bounds += (sequence.max_length,)
-        window = sequence.window if sequence.window != "auto" else BUCKET_WINDOW_BATCHES * config.batch_size
-        return (SequencePlan("bucket", lengths, int(window), overflow, sequence.algorithm, bounds,
-                             sequence.bucket_batch),
-                f"{key}.mode=bucket: {len(bounds)} shapes ({', '.join(map(str, bounds))}), one per step; "
-                f"windows of {window} examples" + (" (auto: 32 global batches)" if sequence.window == "auto" else "") + f"; {cut}")
-    longest = sequence.max_length
-    window = pack_window(longest) if sequence.window == "auto" else int(sequence.window)
-    row_shuffle, shuffle_why = _row_shuffle(config, window * longest, prefix)
-    tokens = window * longest * max(1, row_shuffle)
-    block, block_why = _parse_block(source, files, files_bytes)
-    return (SequencePlan("pack", lengths, window, overflow, sequence.algorithm,
-                         row_shuffle=row_shuffle, parse_block=block),
-            f"{key}.mode=pack: {sequence.algorithm} over windows of {window} chunks of at most {longest} "
-            f"tokens" + (" (auto: measured, docs/sequences.md)" if sequence.window == "auto" else "")
-            + f"; {cut}; {shuffle_why}; at most {tokens:,} tokens per key held at once; {block_why}")
-
-
 # Pack mode parses records in blocks (one ragged batch), then cuts them into chunks. A block of a
 # fixed number of records holds that many times the longest document (256 copies of one 30 MB
 # document, repeated, took 8 GB): blocks are sized to ~PACK_PARSE_BYTES of serialized records by the
@@ -101,7 +64,7 @@ PACK_PARSE_BLOCK = 4096  # at most, records of a few bytes: the per-block op cos
 PACK_PARSE_BYTES = 8 << 20
 
 
-def _parse_block(source: Source, files: tuple[str, ...], files_bytes: FilesBytes) -> tuple[int, str]:
+def parse_block(source: Source, files: tuple[str, ...], files_bytes: FilesBytes) -> tuple[int, str]:
     """(records per parse block, why) for pack mode."""
     count = source.info().num_examples if files else None
     size = files_bytes(files, 1 << 62) if count else None
@@ -113,7 +76,7 @@ def _parse_block(source: Source, files: tuple[str, ...], files_bytes: FilesBytes
                    f"{mean / 1024:,.0f} KB on average)")
 
 
-def _row_shuffle(config: DataConfig, window_tokens: int, prefix: str) -> tuple[int, str]:
+def row_shuffle(config: DataConfig, window_tokens: int, prefix: str) -> tuple[int, str]:
     """(windows per row pool, why) for pack mode."""
     requested = config.sequence.row_shuffle
     key = f"{prefix}.sequence.row_shuffle"
@@ -128,7 +91,7 @@ def _row_shuffle(config: DataConfig, window_tokens: int, prefix: str) -> tuple[i
     return windows, f"rows shuffled {windows} window(s) at a time ({key})"
 
 
-def _default_boundaries(length: int) -> list[int]:
+def default_boundaries(length: int) -> list[int]:
     """length, length/2, length/4, length/8 (each a whole number), shortest first."""
     bounds = sorted({max(1, length >> shift) for shift in range(4)})
     return bounds

@@ -36,10 +36,10 @@ INDEX_KEY = "_index"  # an output's place among its window's outputs (stages.POS
 EXAMPLE_MASK = "example_mask"  # bucket mode: 1 for a real example, 0 for a padding one (an empty example is real)
 
 
-def fit_length(tokens: tf.Tensor, key: str, length: int, overflow: str, mode: str) -> tf.Tensor:
+def fit_length(tokens: tf.Tensor, key: str, length: int, overflow: str) -> tf.Tensor:
     """`tokens` (1-D) cut to `length` (overflow 'truncate'), or checked to fit ('error')."""
     if overflow == "error":
-        check = tf.debugging.assert_less_equal(tf.size(tokens), length, message=overflow_message(key, length, mode))
+        check = tf.debugging.assert_less_equal(tf.size(tokens), length, message=overflow_message(key, length))
         with tf.control_dependencies([check]):
             return tf.identity(tokens)
     return tokens[:length]
@@ -50,7 +50,7 @@ def pad_example(features: Features, lengths: Mapping[str, int], overflow: str = 
     1 on real tokens) beside it. Padding values are 0; only the mask tells padding."""
     out = dict(features)
     for key, length in lengths.items():
-        tokens = fit_length(_one_d(features, key), key, length, overflow, "pad")
+        tokens = fit_length(_one_d(features, key), key, length, overflow)
         size = tf.size(tokens)
         out[key] = tf.ensure_shape(tf.pad(tokens, [[0, length - size]]), [length])
         out[f"{key}_mask"] = tf.ensure_shape(tf.pad(tf.ones([size], tf.int32), [[0, length - size]]), [length])
@@ -81,7 +81,7 @@ def pad_batch(features: Features, lengths: Mapping[str, int], overflow: str = "e
         if overflow == "error":
             longest = tf.reduce_max(tf.concat([tokens.row_lengths(), tf.zeros([1], tokens.row_splits.dtype)], 0))
             checks.append(tf.debugging.assert_less_equal(longest, tf.cast(length, longest.dtype),
-                                                         message=overflow_message(key, length, "pad")))
+                                                         message=overflow_message(key, length)))
         with tf.control_dependencies(checks):
             tokens = tokens[:, :length]
             out[key] = tf.ensure_shape(tokens.to_tensor(shape=[None, length]), [None, length])
@@ -266,7 +266,7 @@ class Bucket(Windowed):
         if self.overflow == "error":
             key = self.keys[0] if len(self.keys) == 1 else "/".join(self.keys)
             check = tf.debugging.assert_less_equal(lengths, tf.constant(longest, tf.int64),
-                                                   message=overflow_message(key, longest, "bucket"))
+                                                   message=overflow_message(key, longest))
             with tf.control_dependencies([check]):
                 lengths = tf.identity(lengths)
         bucket = tf.minimum(tf.searchsorted(bounds, lengths, side="left"), len(self.bucket_lengths) - 1)

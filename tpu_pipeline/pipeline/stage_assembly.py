@@ -25,8 +25,7 @@ follows the plan.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Optional
+from typing import Any
 
 import tensorflow as tf
 
@@ -35,8 +34,7 @@ from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.plan import Plan
-from tpu_pipeline.pipeline.sequence_stages import Bucket, PackRows, pad_batch, pad_example
-from tpu_pipeline.pipeline.sequence_plan import SequencePlan
+from tpu_pipeline.pipeline.modes import sequence_mode
 from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
@@ -51,6 +49,7 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
     aug_ops, aug_random = build_ops(config.augment, f"{prefix}.augment")
     features = plan.features.value
     sequence = plan.sequence.value
+    mode = sequence_mode(sequence.mode) if sequence is not None else None  # pad, bucket or pack: its ops and stages
     records_cached = plan.record_cache.value
     shuffling = plan.shuffle.value
     # Order is set once, for the whole pipeline, by WithOptions below; the stages inherit it.
@@ -81,18 +80,16 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
             ))
         stages += [shuffle] if shuffling == "stream" else []
         records = dataclasses.replace(batch, records=True)
-        if sequence is not None and sequence.window:
-            # Bucket: the window is the batch of records, parsed as one ragged batch, placed as one
-            # window. Pack: blocks of records parsed as one ragged batch, then cut into chunks.
-            block = sequence.window if sequence.mode == "bucket" else sequence.parse_block
+        block = mode.parse_block(sequence) if mode else 0  # bucket: its window; pack: a block of ~8 MB
+        if block:
             records = Batch(block, drop_remainder=False, records=True, per_replica=False)
         stages += [repeat, records]
-        seq_ops, seq_random = _sequence_ops(sequence, batched=True)
+        seq_ops, seq_random = mode.ops(sequence, batched=True) if mode else ([], [])
         stages.append(MapFeatures(
             ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random,
             parse=make_parser(features, batched=True) if features else None, name="parse_batch", **map_args,
         ))
-        stages += _sequence_stages(sequence, batch, config.num_parallel_calls, batched=True, seed=config.seed)
+        stages += mode.stages(sequence, batch, config.num_parallel_calls, batched=True, seed=config.seed) if mode else []
     else:
         parse = make_parser(features) if features else None
         if config.cache.enabled:
@@ -101,13 +98,13 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
             parse, pre_ops, pre_random = None, [], []
         stages += [shuffle] if shuffling == "stream" else []
         stages.append(repeat)
-        seq_ops, seq_random = _sequence_ops(sequence, batched=False)
+        seq_ops, seq_random = mode.ops(sequence, batched=False) if mode else ([], [])
         stages.append(MapFeatures(
             ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random, parse=parse,
             name="preprocess_augment", **map_args
         ))
-        stages += (_sequence_stages(sequence, batch, config.num_parallel_calls, batched=False, seed=config.seed)
-                   if sequence else [batch])
+        stages += (mode.stages(sequence, batch, config.num_parallel_calls, batched=False, seed=config.seed)
+                   if mode else [batch])
     if config.outputs is not None:
         stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets, weights=config.outputs.weights))
     if config.service.enabled:  # plan.service: the workers make the batches, this host prefetches them
@@ -117,40 +114,3 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
     stages.append(Prefetch(config.prefetch))
     stages.append(WithOptions(make_options(config.options.model_copy(update={"deterministic": plan.order.value}))))
     return stages
-
-
-def _sequence_ops(sequence: Optional[SequencePlan], batched: bool) -> tuple[list[Any], list[bool]]:
-    """data.sequence's pad, or bucket's cut to the length, as one more op of the map that parses (so
-    no element crosses threads for it). The cut comes before the bucket's window is formed, so a
-    window holds at most window × length tokens however long a document is."""
-    if sequence is None or sequence.mode == "pack":
-        return [], []
-    if sequence.mode == "bucket":
-        if sequence.overflow != "truncate":
-            return [], []  # error: the bucket stage names the example that does not fit
-        return [functools.partial(_cut_to_length, lengths=sequence.lengths, batched=batched)], [False]
-    pad = pad_batch if batched else pad_example
-    return [lambda features, seed=None: pad(features, sequence.lengths, sequence.overflow)], [False]
-
-
-def _cut_to_length(features: dict, seed: Any = None, *, lengths: dict, batched: bool) -> dict:
-    """Each sequence key's first `length` tokens (of every example of a batch, when `batched`)."""
-    cut = {key: features[key][:, :length] if batched else features[key][:length] for key, length in lengths.items()}
-    return {**features, **cut}
-
-
-def _sequence_stages(sequence: Optional[SequencePlan], batch: Batch, num_parallel_calls: Any,
-                     batched: bool, seed: int = 0) -> list[Any]:
-    """What follows the map for data.sequence: pad → the batch (already made on the batched path);
-    bucket → its batches; pack → rows (shuffled in pools of windows), then the batch of rows."""
-    if sequence is None:
-        return []
-    keys = list(sequence.lengths)
-    if sequence.mode == "pad":
-        return [] if batched else [batch]
-    if sequence.mode == "bucket":
-        return [Bucket(keys, sequence.window, lengths=sequence.lengths, bucket_lengths=sequence.bucket_lengths,
-                       global_batch_size=batch.global_batch_size, overflow=sequence.overflow, scale=sequence.bucket_batch)]
-    return [PackRows(keys, sequence.window, lengths=sequence.lengths, algorithm=sequence.algorithm,
-                     overflow=sequence.overflow, num_parallel_calls=num_parallel_calls,
-                     row_shuffle=sequence.row_shuffle, seed=seed), batch]

@@ -14,7 +14,6 @@ from tpu_pipeline.config import Config
 from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.sequence_stages import Bucket
 
 _RAGGED = ("data.outputs.inputs: its examples vary in length (a ragged feature), and a model needs static shapes: "
            "add data.sequence: {keys: [...], length: 1024, mode: pack} (or pad, bucket) to pad, bucket or pack them")
@@ -41,7 +40,8 @@ def element_shape(pipeline: Pipeline, task: str = "classification") -> Union[lis
         if not isinstance(leaf, tf.TensorSpec):
             raise ConfigError(f"data.outputs.inputs: {name or 'the input'} is a {type(leaf).__name__}; a model takes tensors")
         shape = leaf.shape.as_list()[1:]
-        bucket_length = isinstance(pipeline.windowed, Bucket) and len(shape) == 1
+        mode = pipeline.sequence_mode
+        bucket_length = mode is not None and mode.length_varies and len(shape) == 1
         if any(size is None for size in shape) and not bucket_length:  # a bucket's length: one compile per bucket
             raise ConfigError(
                 f"data.outputs.inputs: its examples have shape {shape}, which varies (None); a model needs one fixed "
@@ -96,8 +96,8 @@ def _check_language_model_outputs(spec: tuple, pipeline: Pipeline) -> None:
             f"[batch, length] integer ids, not {targets}; shift the tokens with {{op: lm_shift, key: tokens}} and set "
             "data.outputs.targets: targets"
         )
-    if len(spec) < 3 and pipeline.plan is not None and pipeline.plan.sequence.value is not None:
-        weights = "targets_segment_ids" if pipeline.plan.sequence.value.mode == "pack" else "targets_mask"
+    if len(spec) < 3 and pipeline.sequence_mode is not None:
+        weights = pipeline.sequence_mode.weights_key
         raise ConfigError(
             f"data.outputs.weights: padded token rows need per-token weights, or the loss and metrics count the "
             f"padding; set data.outputs.weights: {weights}"

@@ -189,7 +189,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             where = (f"the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
                      "of the training stream")
         elif windowed is not None:
-            where = (f"data.service cannot resume a data.sequence {train_pipeline.plan.sequence.value.mode} stream "
+            where = (f"data.service cannot resume a data.sequence {train_pipeline.sequence_mode} stream "
                      "exactly (a step does not say how many examples its rows held), so the input starts a fresh "
                      f"service job at the start of the data (data epoch 1): what the {resumed_from:,} step(s) "
                      "before trained on comes again")

@@ -1,0 +1,39 @@
+"""Each sequence mode is one object (tpu_pipeline.pipeline.modes) that owns its decisions: nothing
+outside it compares mode names, and the modes listed there are exactly the names a config accepts."""
+from __future__ import annotations
+
+import pathlib
+import re
+import typing
+
+from tpu_pipeline.config.sequence import SequenceConfig
+from tpu_pipeline.pipeline.modes import MODES, sequence_mode
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tpu_pipeline"
+# A comparison with a mode's name: `== "pack"`, `!= 'bucket'`, `in ("pad", ...)`.
+COMPARED = re.compile(r"""(==|!=)\s*["'](pad|bucket|pack)["']|\bin\s*[(\[{]\s*["'](pad|bucket|pack)["']""")
+# The config layer validates a config without TensorFlow, so it checks each mode's own keys by name.
+OWNERS = ("pipeline/modes/", "config/")
+
+
+def test_no_module_outside_the_modes_compares_mode_names():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(OWNERS):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if COMPARED.search(line):
+                found.append(f"{relative}:{number}: {line.strip()}")
+    assert not found, "ask the mode object (pipeline.sequence_mode) instead:\n" + "\n".join(found)
+
+
+def test_the_modes_are_the_names_a_config_accepts():
+    accepted = set(typing.get_args(SequenceConfig.model_fields["mode"].annotation))
+    assert set(MODES) == accepted
+    assert all(sequence_mode(name).name == name == str(sequence_mode(name)) for name in MODES)
+
+
+def test_the_planted_comparison_is_found(tmp_path):
+    assert COMPARED.search('    if sequence.mode == "pack":') and COMPARED.search("if mode in ('pad', 'bucket'):")
+    assert not COMPARED.search('    fix = "truncate (or split)" if splits else "truncate"')
