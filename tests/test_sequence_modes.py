@@ -37,3 +37,18 @@ def test_the_modes_are_the_names_a_config_accepts():
 def test_the_planted_comparison_is_found(tmp_path):
     assert COMPARED.search('    if sequence.mode == "pack":') and COMPARED.search("if mode in ('pad', 'bucket'):")
     assert not COMPARED.search('    fix = "truncate (or split)" if splits else "truncate"')
+
+
+def test_a_pipeline_built_by_hand_takes_its_mode_from_its_windowed_stage():
+    """Without a plan (stages composed in Python), bucketing still shares the stream across hosts and
+    evaluates by counted batches: the mode comes from the stage that places windows."""
+    import numpy as np
+
+    from tpu_pipeline.pipeline import ArraySource, Pipeline
+    from tpu_pipeline.pipeline.sequence_stages import Bucket, PackRows
+
+    source = ArraySource({"x": np.arange(4)})
+    bucket = Bucket(["tokens"], 8, lengths={"tokens": 8}, bucket_lengths=(4, 8), global_batch_size=4)
+    assert Pipeline(source, [bucket]).sequence_mode is sequence_mode("bucket")
+    assert Pipeline(source, [PackRows(["tokens"], 8, lengths={"tokens": 8})]).sequence_mode is sequence_mode("pack")
+    assert Pipeline(source, []).sequence_mode is None

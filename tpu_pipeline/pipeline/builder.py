@@ -124,9 +124,12 @@ class Pipeline:
 
     @property
     def sequence_mode(self) -> Optional[SequenceMode]:
-        """The data.sequence mode the plan chose (pad, bucket, pack: tpu_pipeline.pipeline.modes), or None."""
+        """The data.sequence mode the plan chose (pad, bucket, pack: tpu_pipeline.pipeline.modes), or for a
+        pipeline built by hand the mode of its windowed stage; None without either."""
         sequence = self.plan.sequence.value if self.plan is not None else None
-        return sequence_mode(sequence.mode) if sequence is not None else None
+        if sequence is not None:
+            return sequence_mode(sequence.mode)
+        return sequence_mode(self.windowed.mode_name) if self.windowed is not None else None
 
     @property
     def windowed(self) -> Optional[Windowed]:

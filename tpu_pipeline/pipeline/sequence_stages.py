@@ -19,7 +19,7 @@ Token id 0 is a real token: a mask (pad, bucket) or a segment id (pack) marks pa
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -123,6 +123,7 @@ class Windowed(Stage):
 
     keys: Sequence[str]
     window: int
+    mode_name: ClassVar[str] = ""  # the data.sequence mode that places windows this way (modes.MODES)
 
     def check_features(self, spec: Mapping[str, Any]) -> None:
         for key in self.keys:
@@ -167,6 +168,7 @@ class PackRows(Windowed):
     `row_shuffle=0`: rows leave in packing order (evaluation).
     """
 
+    mode_name: ClassVar[str] = "pack"
     lengths: Mapping[str, int] = dataclasses.field(default_factory=dict)
     algorithm: str = "first_fit_decreasing"
     overflow: str = "error"
@@ -241,6 +243,7 @@ class Bucket(Windowed):
     their stream order inside a bucket.
     """
 
+    mode_name: ClassVar[str] = "bucket"
     lengths: Mapping[str, int] = dataclasses.field(default_factory=dict)
     bucket_lengths: Sequence[int] = ()
     global_batch_size: int = 1
