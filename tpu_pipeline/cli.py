@@ -21,7 +21,7 @@ import logging  # noqa: E402
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from tpu_pipeline.errors import TpuPipelineError  # noqa: E402
+from tpu_pipeline.errors import PeerFailure, TpuPipelineError  # noqa: E402
 from tpu_pipeline.system import native_stderr_silenced  # noqa: E402
 
 flags.DEFINE_multi_string("config", None, "YAML config file (local or gs://); repeat it to layer files (later wins). "
@@ -170,6 +170,10 @@ def _main(argv: list[str]) -> None:
             sys.exit(command(list(args[1:])))
         except TpuPipelineError as error:
             print(f"tpu-pipeline {name}: error: {error}", file=sys.stderr)
+            if isinstance(error, PeerFailure):  # see PeerFailure: TF's exit would wait for the dead peer
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(2)
             sys.exit(2)
         except KeyboardInterrupt:
             sys.stdout.flush()

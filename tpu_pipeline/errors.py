@@ -28,3 +28,10 @@ class TpuCompatibilityError(TpuPipelineError):
 
 class ClusterError(TpuPipelineError):
     """The requested accelerator could not be found or initialized."""
+
+
+class PeerFailure(ClusterError):
+    """A peer worker of a multi-worker run stopped or cannot be reached: this worker stops too.
+
+    The CLI ends the process at once after saying so (os._exit): with a dead peer, TensorFlow's
+    teardown of the collectives and the coordination service can wait minutes for it at exit."""

@@ -22,7 +22,7 @@ from tpu_pipeline.cluster.coordination import CoordinationService
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.config.tasks import predicts_tokens
-from tpu_pipeline.errors import ClusterError, ConfigError
+from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabulary
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.model.tasks import task_named
@@ -234,7 +234,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             except _PEER_ERRORS as error:
                 if cluster.num_workers == 1:
                     raise
-                raise ClusterError(
+                raise PeerFailure(
                     f"a peer worker stopped or cannot be reached ({_peer_failure(error)}); start every worker again "
                     f"with the same command: the run resumes from {files.latest_checkpoint or 'its start (no checkpoint yet)'}"
                 ) from None

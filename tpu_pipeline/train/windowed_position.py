@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.cluster.coordination import KeyValueStore, StoreUnavailable
-from tpu_pipeline.errors import ClusterError, ConfigError
+from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.position_log import PositionLog
 
@@ -113,13 +113,13 @@ class WindowedPosition(tf.Module):
             values = {index: self._store.get(f"{key}/{index}", timeout_seconds=max(0.001, deadline - time.monotonic()))
                       for index in range(self._pipelines)}
         except (StoreUnavailable, tf.errors.OpError) as error:
-            raise ClusterError(
+            raise PeerFailure(
                 f"the workers could not exchange their input positions for the checkpoint of step {step} "
                 f"({str(error).splitlines()[0][:200]}); start every worker again with the same command"
             ) from None
         missing = [index for index, value in values.items() if value is None]
         if missing:
-            raise ClusterError(
+            raise PeerFailure(
                 f"worker {missing[0]} published no input position for the checkpoint of step {step} within "
                 f"{POSITION_WAIT_SECONDS:.0f} s (it stopped or hangs); start every worker again with the same command"
             )
