@@ -50,13 +50,6 @@ class StageContext:
         return self.input.num_replicas_in_sync
 
 
-def stage_context(context: "Optional[tf.distribute.InputContext | StageContext]" = None) -> StageContext:
-    """`context` as a StageContext: where a caller holds an InputContext (or nothing), at the start."""
-    if isinstance(context, StageContext):
-        return context
-    return StageContext(context or tf.distribute.InputContext())
-
-
 class Stage:
     """Base of every stage: `apply` the dataset in `context`; `after` gives the next stage's context."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar
 
 import tensorflow as tf
 
