@@ -28,7 +28,7 @@ def plan_sequence(config: DataConfig, prefix: str, source: Source, files: tuple[
     `files_bytes(files, limit)`: the plan's measure of the files' size, for pack's parse block."""
     if config.sequence is None:
         return None, "no data.sequence: every feature has a static shape"
-    request = PlanRequest(config, f"{prefix}.sequence", source, files, files_bytes)
+    request = PlanRequest(config, prefix, source, files, files_bytes)
     return sequence_mode(config.sequence.mode).plan(request)
 
 

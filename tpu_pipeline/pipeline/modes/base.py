@@ -32,10 +32,14 @@ class PlanRequest:
     """What planning a mode reads: the data section, its config key, and the source and files."""
 
     config: DataConfig
-    key: str  # e.g. "data.sequence"
+    prefix: str  # the section: data or eval_data
     source: Source
     files: tuple[str, ...]
     files_bytes: FilesBytes
+
+    @property
+    def key(self) -> str:
+        return f"{self.prefix}.sequence"
 
     @property
     def sequence(self) -> SequenceConfig:

@@ -23,7 +23,7 @@ class PackMode(SequenceMode):
         longest = sequence.max_length
         auto = sequence.window == "auto"
         window = pack_window(longest) if auto else int(sequence.window)
-        pools, shuffle_why = row_shuffle(request.config, window * longest, key.rsplit(".", 1)[0])
+        pools, shuffle_why = row_shuffle(request.config, window * longest, request.prefix)
         tokens = window * longest * max(1, pools)
         block, block_why = parse_block(request.source, request.files, request.files_bytes)
         return (SequencePlan("pack", sequence.lengths(), window, sequence.resolved_overflow(), sequence.algorithm,
