@@ -123,6 +123,7 @@ class Windowed(Stage):
 
     keys: Sequence[str]
     window: int
+    roles: ClassVar[tuple[str, ...]] = ("windowed",)
     mode_name: ClassVar[str] = ""  # the data.sequence mode that places windows this way (modes.MODES)
 
     def check_features(self, spec: Mapping[str, Any]) -> None:
@@ -243,6 +244,7 @@ class Bucket(Windowed):
     their stream order inside a bucket.
     """
 
+    roles: ClassVar[tuple[str, ...]] = ("windowed", "batch")  # its windows leave as the step's batches
     mode_name: ClassVar[str] = "bucket"
     lengths: Mapping[str, int] = dataclasses.field(default_factory=dict)
     bucket_lengths: Sequence[int] = ()

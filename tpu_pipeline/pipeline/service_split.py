@@ -9,7 +9,7 @@ its arguments: job names, coordinated reads, compression, and a resumed run's fr
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import tensorflow as tf
 
@@ -21,6 +21,7 @@ from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 class ServiceSplit(Stage):
     """Stages before this one run on the tf.data service at `address`; stages after it on this host."""
 
+    roles: ClassVar[tuple[str, ...]] = ("service",)
     address: str
     mode: str = "distributed_epoch"
     job_name: Optional[str] = None

@@ -14,7 +14,7 @@ Used alone, a stage takes `StageContext()` (one input pipeline, epoch and positi
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import tensorflow as tf
 
@@ -54,6 +54,9 @@ class Stage:
     """Base of every stage: `apply` the dataset in `context`; `after` gives the next stage's context."""
 
     uses_epoch = False  # True: its randomness changes per epoch (the engine then builds epochs one by one)
+    # The parts of a pipeline this stage plays (`parts.ROLES`: cache, repeat, windowed, batch, outputs,
+    # service, prefetch, options, steps), read once by `parts.parts_of`; none: a map stage.
+    roles: ClassVar[tuple[str, ...]] = ()
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         raise NotImplementedError

@@ -8,7 +8,7 @@ at `seed`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -100,6 +100,7 @@ class Cache(Stage):
     prefix, so a changed config never replays another config's cache. `Cache.for_config` sets it.
     """
 
+    roles: ClassVar[tuple[str, ...]] = ("cache",)
     path: str = ""
     key: str = ""
     where: str = "data.cache.path"  # the config key, for messages
@@ -196,6 +197,7 @@ class WindowShuffle(Stage):
 class Repeat(Stage):
     """Repeats `count` times; None repeats forever."""
 
+    roles: ClassVar[tuple[str, ...]] = ("repeat",)
     count: Optional[int] = None
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
@@ -261,6 +263,7 @@ class Batch(Stage):
     parallel one.
     """
 
+    roles: ClassVar[tuple[str, ...]] = ("batch",)
     global_batch_size: int
     drop_remainder: bool = True
     num_parallel_calls: Union[int, str, None] = None
@@ -326,6 +329,7 @@ class ToOutputs(Stage):
     or with `position=True` (the package's own iterators) returned beside: (outputs, position).
     """
 
+    roles: ClassVar[tuple[str, ...]] = ("outputs",)
     inputs: Union[str, Sequence[str]] = "image"
     targets: Union[str, Sequence[str], None] = "label"
     num_parallel_calls: Union[int, str, None] = None  # picking keys: no work worth a thread crossing
@@ -377,6 +381,7 @@ class SplitPosition(Stage):
     """For a windowed pipeline without outputs: the position dropped from each feature dict, or with
     `position=True` returned beside it, as ToOutputs does."""
 
+    roles: ClassVar[tuple[str, ...]] = ("outputs",)
     position: bool = False
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
@@ -389,6 +394,7 @@ class SplitPosition(Stage):
 
 @dataclasses.dataclass(frozen=True)
 class Prefetch(Stage):
+    roles: ClassVar[tuple[str, ...]] = ("prefetch",)
     buffer_size: Union[int, str] = "autotune"
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
@@ -401,6 +407,7 @@ class Prefetch(Stage):
 class WithOptions(Stage):
     """Attaches tf.data.Options (see tpu_pipeline.pipeline.options)."""
 
+    roles: ClassVar[tuple[str, ...]] = ("options",)
     options: tf.data.Options
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
