@@ -25,7 +25,7 @@ def _orders(dataset: tf.data.Dataset) -> list[tuple[int, ...]]:
 def test_each_run_of_a_salted_stream_has_its_own_order_and_an_unsalted_one_does_not(tmp_path):
     files, _ = write_small_shards(tmp_path, 256, 8)
     pipeline = Pipeline.from_config(config_from_dict({"data": small_config(files, batch_size=32)}).data)
-    stages = list(pipeline.stages)
+    stages = pipeline.parts
     context = tf.distribute.InputContext()
 
     unsalted = _orders(pipeline._stream(stages, context))

@@ -1,7 +1,9 @@
 """The Pipeline: a source and its stages, built once per input pipeline (tf.distribute.InputContext).
 
-What it does with them: the epochs (stages before a `Repeat` built per epoch, so they know it; those
-up to a cache once), the resume (examples delivered → (epoch, offset), the epoch rebuilt and the
+What it does with them, reading them by their parts (`parts.Parts`, split once from the list: what is
+built once, per epoch, the repeat, the stream; the windowed stage, the batch, the outputs, the service
+split by name): the epochs (stages before a `Repeat` built per epoch, so they know it; those up to a
+cache once), the resume (examples delivered → (epoch, offset), the epoch rebuilt and the
 offset skipped before any parse), the stream through tf.data service workers, and bucketing with
 several input pipelines. Which stages a config gives, in which order, is `stage_assembly`'s
 (following the plan made once in `plan`); the source, `source_factory`'s; evaluation's rewrite,
@@ -22,18 +24,17 @@ from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.evaluation import evaluation_steps, for_evaluation
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.modes import SequenceMode, sequence_mode
+from tpu_pipeline.pipeline.parts import Parts, parts_of
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.record_check import Vocabulary
-from tpu_pipeline.pipeline.sequence_stages import INDEX_KEY, Bucket, Windowed
+from tpu_pipeline.pipeline.sequence_stages import INDEX_KEY, Windowed
 from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.source_base import RecordFileSource, Source
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.spec_check import check_first_record
 from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, Prefetch, Repeat, SplitPosition, ToOutputs, WithOptions, per_replica_batch_size,
-)
+from tpu_pipeline.pipeline.stages import SplitPosition, per_replica_batch_size
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
 
 FIRST_EPOCH = 0
@@ -66,7 +67,9 @@ class Pipeline:
     A `Repeat` stage splits the stages in two: those before it make one epoch (built per epoch,
     so file order and shuffles get that epoch's seeds), those after it run on the stream of
     epochs. Stages up to a `Cache` (and a source that caches its records) are built once: the
-    cache fills in the first epoch and replays it after.
+    cache fills in the first epoch and replays it after. `parts` holds that split, made once here
+    from `stages` (`parts.parts_of`, by the roles the stages declare), and names the stages other code
+    needs: `windowed`, `batch`, `outputs`, `service`.
     """
 
     source: Source
@@ -79,12 +82,19 @@ class Pipeline:
     prefix: str = "data"  # the config key errors name (data, eval_data)
     num_classes: Optional[int] = None
     vocab: Optional[Vocabulary] = None  # the config's token vocabulary, for files whose metadata.json has none
+    parts: Parts = dataclasses.field(init=False, repr=False, compare=False)  # `stages` by part, split once
 
     def __post_init__(self) -> None:
-        for stage in self.stages:
-            if not (callable(getattr(stage, "apply", None)) and callable(getattr(stage, "after", None))):
-                raise TypeError(f"{stage!r} is not a stage: a stage has apply(dataset, context) and after(context); "
-                                "subclass tpu_pipeline.pipeline.stage_base.Stage")
+        object.__setattr__(self, "parts", parts_of(self.stages))
+
+    def with_parts(self, parts: Parts) -> "Pipeline":
+        """This pipeline with its stages rewritten by part (`Parts.replaced`, `Parts.inserted`)."""
+        return dataclasses.replace(self, stages=parts.stages)
+
+    def with_stage(self, stage: Stage, *, before: Optional[str] = None, after: Optional[str] = None) -> "Pipeline":
+        """This pipeline with `stage` inserted before or after a named part (`outputs`, `service`, ...:
+        `parts.NAMED`), or at the end where that part is absent."""
+        return self.with_parts(self.parts.inserted(stage, before=before, after=after))
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,
               with_position: bool = False, chunk: int = 0) -> tf.data.Dataset:
@@ -101,19 +111,19 @@ class Pipeline:
         `stages.POSITION_KEYS` of its outputs (what the iterators save).
         """
         context = input_context or tf.distribute.InputContext()
-        stages = self._stages_with_position(with_position)
-        split = self.service
+        parts = self._parts_with_position(with_position)
         mode = self.sequence_mode
         if mode is not None and mode.shares_stream(context):
-            dataset = self._shared_buckets(stages, context, start, skip)
-        elif split is None:
-            dataset = self._stream(stages, context, start, skip_outputs=skip, chunk=chunk)
-        else:
-            dataset = self._through_service(split, context, start)
+            dataset = self._shared_buckets(parts, context, start, skip)
+        elif parts.service is None:
+            dataset = self._stream(parts, context, start, skip_outputs=skip, chunk=chunk)
+        else:  # no position through the service: a resume there restarts at an epoch (`service_restart`)
+            dataset = self._through_service(self.parts, context, start)
         if self.check_tpu:
-            outputs = next((stage for stage in self.stages if isinstance(stage, ToOutputs)), None)
+            outputs = self.parts.outputs
             names = {} if outputs is None else {
-                position: key for position, key in (("inputs", outputs.inputs), ("targets", outputs.targets))
+                position: key for position, key in (("inputs", getattr(outputs, "inputs", None)),
+                                                    ("targets", getattr(outputs, "targets", None)))
                 if isinstance(key, str)}
             sequence = self.plan.sequence.value if self.plan is not None else None
             check_tpu_compatible(dataset, names, tuple(self.windowed.keys) if mode is not None and mode.length_varies else (),
@@ -134,41 +144,39 @@ class Pipeline:
     @property
     def windowed(self) -> Optional[Windowed]:
         """The bucket or pack stage (data.sequence), whose windows are the unit of a resume; None otherwise."""
-        return next((stage for stage in self.stages if isinstance(stage, Windowed)), None)
+        return self.parts.windowed
 
-    def _stages_with_position(self, with_position: bool) -> list[Any]:
-        """The stages, a windowed pipeline's position kept beside each element (`with_position`) or dropped."""
-        if self.windowed is None:
-            return list(self.stages)
-        stages = [dataclasses.replace(stage, position=with_position) if isinstance(stage, (ToOutputs, SplitPosition))
-                  else stage for stage in self.stages]
-        if not any(isinstance(stage, (ToOutputs, SplitPosition)) for stage in stages):
-            at = next((i for i, stage in enumerate(stages) if isinstance(stage, (ServiceSplit, Prefetch))), len(stages))
-            stages.insert(at, SplitPosition(with_position))
-        return stages
+    def _parts_with_position(self, with_position: bool) -> Parts:
+        """The parts, a windowed pipeline's position kept beside each element (`with_position`) or
+        dropped: by its outputs, or without any by a `SplitPosition` where the batches leave."""
+        parts = self.parts
+        if parts.windowed is None:
+            return parts
+        if parts.outputs is not None:
+            return parts.replaced(outputs=dataclasses.replace(parts.outputs, position=with_position))
+        return parts.inserted(SplitPosition(with_position), before="service" if parts.service is not None else "prefetch")
 
-    def _shared_buckets(self, stages: Sequence[Any], context: tf.distribute.InputContext, start: int,
+    def _shared_buckets(self, parts: Parts, context: tf.distribute.InputContext, start: int,
                         skip: int) -> tf.data.Dataset:
         """Bucketing with several input pipelines (hosts): every replica of a step, on every host, must get
         the same shape, and a host cannot see the others' lengths. So every input pipeline reads the whole
         stream (as one pipeline would), buckets it into groups of all replicas' batches, and keeps the
         batches of its own replicas: each host parses every record (the price), every step has one
         shape, and each example reaches exactly one replica."""
-        at = next(i for i, stage in enumerate(stages) if isinstance(stage, Windowed))
         shared = tf.distribute.InputContext(1, 0, context.num_replicas_in_sync)
-        everything = self._stream(stages[:at + 1], shared, start, skip_outputs=skip)
+        everything = self._stream(parts.until("windowed", inclusive=True), shared, start, skip_outputs=skip)
         mine = context.num_replicas_in_sync // context.num_input_pipelines
         index = context.input_pipeline_id
 
         def kept(features: Any) -> tf.Tensor:
             return tf.equal(features[INDEX_KEY] % context.num_replicas_in_sync // mine, index)
 
-        return apply_stages(everything.filter(kept), stages[at + 1:], StageContext(context))
+        return apply_stages(everything.filter(kept), parts.following("windowed"), StageContext(context))
 
     @property
     def service(self) -> Optional[ServiceSplit]:
         """Where this pipeline leaves for tf.data service workers (data.service), or None."""
-        return next((stage for stage in self.stages if isinstance(stage, ServiceSplit)), None)
+        return self.parts.service
 
     def service_restart(self, examples: int) -> tuple[int, int]:
         """Through the service, a stream resumed after `examples` (all hosts together) restarts at the
@@ -177,34 +185,33 @@ class Pipeline:
         assert split is not None, "service_restart: this pipeline does not use data.service"
         return self._resume_point(split.worker_context(tf.distribute.InputContext()), examples)
 
-    def _through_service(self, split: ServiceSplit, context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
-        """The stages before `split` on the tf.data service workers, the rest here.
+    def _through_service(self, parts: Parts, context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
+        """The stages before the service split on the tf.data service workers (with the options), the rest here.
 
         The service decides which worker makes which batch and which consumer gets it, so a resumed
         stream cannot be the exact rest of the interrupted one: it starts a fresh job at the start
         of the epoch the run stopped in (the step count, schedule and checkpoints stay exact).
         """
-        at = list(self.stages).index(split)
+        split = parts.service
         workers = split.worker_context(context)
-        options = [stage for stage in self.stages[at + 1:] if isinstance(stage, WithOptions)]
         first_epoch = 0
         if start:
             # `start` counts this host's examples; every host consumed as many from the one job.
             first_epoch, _ = self._resume_point(workers, start * context.num_input_pipelines)
         salted = split.mode == "parallel_epochs"  # each worker its own file order and shuffles
-        dataset = self._stream(list(self.stages[:at]) + options, workers, first_epoch=first_epoch, salted=salted)
-        return apply_stages(dataset, self.stages[at:], StageContext(context, first_epoch=first_epoch))
+        on_workers = parts.until("service")
+        if parts.options is not None and parts.options in parts.following("service"):
+            on_workers = on_workers.inserted(parts.options)
+        dataset = self._stream(on_workers, workers, first_epoch=first_epoch, salted=salted)
+        return apply_stages(dataset, (split, *parts.following("service")), StageContext(context, first_epoch=first_epoch))
 
-    def _stream(self, stages: Sequence[Any], context: tf.distribute.InputContext, start: int = 0,
+    def _stream(self, parts: Parts, context: tf.distribute.InputContext, start: int = 0,
                 first_epoch: Optional[int] = None, salted: bool = False, skip_outputs: int = 0,
                 chunk: int = 0) -> tf.data.Dataset:
-        """`stages` after the source, epoch by epoch; from example `start` (exactly), or from the
+        """`parts` after the source, epoch by epoch; from example `start` (exactly), or from the
         beginning of `first_epoch`. `salted`: each run of the graph (each service worker) folds a
         value of its own into the epoch, hence into every per-epoch seed."""
-        cut = next((i for i, stage in enumerate(stages) if isinstance(stage, Repeat)), len(stages))
-        before, after = list(stages[:cut]), list(stages[cut:])
-        last_cache = max((i for i, stage in enumerate(before) if isinstance(stage, Cache)), default=-1)
-        once, each = before[: last_cache + 1], before[last_cache + 1:]
+        once, each = parts.once, parts.epoch
         source_per_epoch = self.source.per_epoch and not once
         if source_per_epoch:
             one_epoch = lambda epoch: apply_stages(  # noqa: E731
@@ -224,16 +231,16 @@ class Pipeline:
         elif start:
             start_epoch, skip = self._resume_point(context, start)
             head = lambda dataset: skip_examples(dataset, skip)  # noqa: E731
-        if after:
+        if parts.repeat is not None:
             # Epochs that differ (file order, shuffle seeds) are built one by one; otherwise the
             # same epoch is repeated, which tf.data runs faster (benchmarks/bench_epochs.py).
-            differ = salted or source_per_epoch or any(stage.uses_epoch for stage in each)
-            dataset, after = after[0].epochs(one_epoch, differ, first=start_epoch, head=head), after[1:]
+            differ = salted or source_per_epoch or any(getattr(stage, "uses_epoch", False) for stage in each)
+            dataset = parts.repeat.epochs(one_epoch, differ, first=start_epoch, head=head)
         else:
             dataset = one_epoch(tf.constant(start_epoch, tf.int64))
             dataset = head(dataset) if head else dataset
         resumed = StageContext(context, examples=0 if first_epoch is not None else start, skip=skip_outputs, chunk=chunk)
-        return apply_stages(dataset, after, resumed)
+        return apply_stages(dataset, parts.stream, resumed)
 
     def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:
         """(epoch, examples of it to skip) for a stream that delivered `start` examples."""
@@ -248,10 +255,9 @@ class Pipeline:
 
     def global_batch_size(self) -> int:
         """The global batch: of examples, of packed rows (pack), or each bucket's nominal batch (bucket)."""
-        batches = [stage for stage in self.stages if isinstance(stage, (Batch, Bucket)) and getattr(stage, "per_replica", True)]
-        if not batches:
+        if self.parts.batch is None:
             raise ConfigError("a pipeline without a batch stage has no steps to resume from")
-        return batches[-1].global_batch_size
+        return self.parts.batch.global_batch_size
 
     def examples_per_batch(self, context: tf.distribute.InputContext) -> int:
         """Examples in one element of this pipeline: a replica's share of the global batch."""
@@ -309,7 +315,7 @@ class Pipeline:
     def evaluation_steps(self, num_replicas: int, num_input_pipelines: int = 1) -> int:
         """Steps of one exact evaluation pass of `for_evaluation()`'s pipeline (the same on every
         input pipeline: one per host under a strategy)."""
-        return evaluation_steps(self.stages, num_replicas, num_input_pipelines)
+        return evaluation_steps(self.parts, num_replicas, num_input_pipelines)
 
     def dataset_fn(self) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
         """For `strategy.distribute_datasets_from_function`."""

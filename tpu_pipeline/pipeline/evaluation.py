@@ -4,19 +4,21 @@ Padding with zero-weight examples keeps TPU shapes static (`PadToSteps`, the one
 adds); only weighted metrics ignore the padding. How many steps a pass makes is the epoch length
 for images; for packed or bucketed input it depends on the data, so it is counted by one pass
 (`_CountedRows`). The builder only delegates here: `Pipeline.for_evaluation`, `.evaluation_steps`.
+Every rewrite is of a named part (`parts.Parts`: the batch, the repeat, the outputs, the steps).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
+from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence, TypeVar, Union
 
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.sequence_stages import EXAMPLE_MASK, Windowed
+from tpu_pipeline.pipeline.parts import Parts
+from tpu_pipeline.pipeline.sequence_stages import EXAMPLE_MASK
 from tpu_pipeline.pipeline.source_base import RecordFileSource, Source
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import Batch, Repeat, ToOutputs, per_replica_batch_size
+from tpu_pipeline.pipeline.stages import per_replica_batch_size
 
 
 class EvaluatedPipeline(Protocol):
@@ -29,10 +31,10 @@ class EvaluatedPipeline(Protocol):
     def stages(self) -> Sequence[Any]: ...
 
     @property
-    def prefix(self) -> str: ...
+    def parts(self) -> Parts: ...
 
     @property
-    def windowed(self) -> Optional[Windowed]: ...
+    def prefix(self) -> str: ...
 
     @property
     def sequence_mode(self) -> Any: ...  # a modes.SequenceMode, or None (evaluation imports no mode)
@@ -53,12 +55,10 @@ def for_evaluation(pipeline: PipelineT) -> PipelineT:
 def padded_evaluation(pipeline: PipelineT) -> PipelineT:
     """One pass, every record (cover_all), the last batch padded and whole zero batches added until
     every input pipeline gives the same steps (`PadToSteps`); a windowed stream's rows counted by a pass."""
-    batches = [stage for stage in pipeline.stages if isinstance(stage, Batch) and stage.per_replica]
-    repeats = [stage for stage in pipeline.stages if isinstance(stage, Repeat)]
-    outputs = [stage for stage in pipeline.stages if isinstance(stage, ToOutputs)]
-    if not batches or not outputs or outputs[0].targets is None:
+    parts = pipeline.parts
+    if parts.batch is None or getattr(parts.outputs, "targets", None) is None:
         raise ConfigError("eval_data: evaluation needs a batch and outputs with targets (eval_data.outputs)")
-    if any(stage.count != 1 for stage in repeats):
+    if parts.repeat is not None and parts.repeat.count != 1:
         raise ConfigError("eval_data.repeat: evaluation reads one pass; set eval_data.repeat: 1")
     source = pipeline.source
     if isinstance(source, RecordFileSource):
@@ -67,41 +67,34 @@ def padded_evaluation(pipeline: PipelineT) -> PipelineT:
             raise ConfigError(f"eval_data.source.sharding={sharding}: exact evaluation splits records evenly; "
                               "use sharding: auto")
         source = source.with_read(dataclasses.replace(source.read, cover_all=True, sharding=sharding))
-    unpadded = [dataclasses.replace(stage, drop_remainder=False) if isinstance(stage, Batch) else stage
-                for stage in pipeline.stages]
+    unpadded = parts.replaced(batch=dataclasses.replace(parts.batch, drop_remainder=False))
     share = source.epoch_length
-    if pipeline.windowed is not None:
-        share = _CountedRows(dataclasses.replace(pipeline, source=source, stages=unpadded))
-    pad = PadToSteps(batches[-1].global_batch_size, share)
-    stages: list[Any] = []
-    for stage in unpadded:
-        stages.append(stage)
-        if isinstance(stage, ToOutputs):
-            stages.append(pad)
-    return dataclasses.replace(pipeline, source=source, stages=stages)
+    if parts.windowed is not None:
+        share = _CountedRows(dataclasses.replace(pipeline, source=source, stages=unpadded.stages))
+    pad = PadToSteps(parts.batch.global_batch_size, share)
+    return dataclasses.replace(pipeline, source=source, stages=unpadded.inserted(pad, after="outputs").stages)
 
 
 def bucketed_evaluation(pipeline: PipelineT) -> PipelineT:
     """for_evaluation of a bucketed pipeline: one pass, every record (cover_all), weights from
     `example_mask`, steps counted by a pass."""
-    prefix = pipeline.prefix
-    outputs = [stage for stage in pipeline.stages if isinstance(stage, ToOutputs)]
-    if not outputs or outputs[0].targets is None:
+    prefix, parts = pipeline.prefix, pipeline.parts
+    outputs = parts.outputs
+    if getattr(outputs, "targets", None) is None:
         raise ConfigError(f"{prefix}: evaluation needs outputs with targets ({prefix}.outputs)")
-    if any(stage.count != 1 for stage in pipeline.stages if isinstance(stage, Repeat)):
+    if parts.repeat is not None and parts.repeat.count != 1:
         raise ConfigError(f"{prefix}.repeat: evaluation reads one pass; set {prefix}.repeat: 1")
     source = pipeline.source
     if isinstance(source, RecordFileSource):
         source = source.with_read(dataclasses.replace(source.read, cover_all=True))
-    stages = [dataclasses.replace(stage, weights=_with_example_mask(stage.weights)) if isinstance(stage, ToOutputs)
-              else stage for stage in pipeline.stages]
-    counted = dataclasses.replace(pipeline, source=source, stages=stages)
-    return dataclasses.replace(counted, stages=[*stages, _CountedSteps(_CountedRows(counted))])
+    weighted = parts.replaced(outputs=dataclasses.replace(outputs, weights=_with_example_mask(outputs.weights)))
+    counted = dataclasses.replace(pipeline, source=source, stages=weighted.stages)
+    return dataclasses.replace(counted, stages=weighted.inserted(_CountedSteps(_CountedRows(counted))).stages)
 
 
-def evaluation_steps(stages: Sequence[Any], num_replicas: int, num_input_pipelines: int = 1) -> int:
-    """Steps of one exact evaluation pass of the stages `for_evaluation` made (the same on every input pipeline)."""
-    pad = next((stage for stage in stages if isinstance(stage, (PadToSteps, _CountedSteps))), None)
+def evaluation_steps(parts: Parts, num_replicas: int, num_input_pipelines: int = 1) -> int:
+    """Steps of one exact evaluation pass of the parts `for_evaluation` made (the same on every input pipeline)."""
+    pad = parts.steps
     if pad is None:
         raise ConfigError("evaluation_steps: call it on pipeline.for_evaluation()")
     return pad.steps(tf.distribute.InputContext(num_input_pipelines, 0, num_replicas))
@@ -118,6 +111,7 @@ class PadToSteps(Stage):
     `weighted_metrics` by the weights, so padding changes no metric.
     """
 
+    roles: ClassVar[tuple[str, ...]] = ("steps",)
     global_batch_size: int
     share: Callable[[tf.distribute.InputContext], Optional[int]]
 
@@ -164,6 +158,7 @@ class _CountedSteps(Stage):
     """A bucketed evaluation's steps, from its batches counted by one pass (the dataset is unchanged:
     each bucket's last group is padded already, and input pipelines bucket the same stream)."""
 
+    roles: ClassVar[tuple[str, ...]] = ("steps",)
     batches: "_CountedRows"  # counts batches here: each element is one batch of a bucket
 
     def steps(self, context: tf.distribute.InputContext) -> int:

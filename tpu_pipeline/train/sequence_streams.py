@@ -14,7 +14,6 @@ from absl import logging
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.efficiency import TokenMeter, sequence_keys
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import ToOutputs
 
 
 def with_token_meter(pipeline: Pipeline) -> tuple[Pipeline, Optional[TokenMeter]]:
@@ -23,19 +22,14 @@ def with_token_meter(pipeline: Pipeline) -> tuple[Pipeline, Optional[TokenMeter]
     cannot reach this host's counters) where the batches arrive, if the outputs kept them."""
     if pipeline.plan is None or pipeline.plan.sequence.value is None:
         return pipeline, None
-    stages = list(pipeline.stages)
-    split = pipeline.service
-    if split is None:
-        at = next((i for i, stage in enumerate(stages) if isinstance(stage, ToOutputs)), len(stages))
-    else:
-        at = stages.index(split) + 1
-        arriving = dataclasses.replace(pipeline, stages=stages[:at - 1]).build().element_spec
-        if not sequence_keys(arriving):
-            logging.info("data.service: the outputs keep no <key>_segment_ids or <key>_mask; tokens/s is not measured")
-            return pipeline, None
     tokens = TokenMeter()
-    stage = tokens if split is None else _WholeElements(tokens)
-    return dataclasses.replace(pipeline, stages=[*stages[:at], stage, *stages[at:]]), tokens
+    if pipeline.service is None:
+        return pipeline.with_stage(tokens, before="outputs"), tokens
+    arriving = pipeline.with_parts(pipeline.parts.until("service")).build().element_spec
+    if not sequence_keys(arriving):
+        logging.info("data.service: the outputs keep no <key>_segment_ids or <key>_mask; tokens/s is not measured")
+        return pipeline, None
+    return pipeline.with_stage(_WholeElements(tokens), after="service"), tokens
 
 
 @dataclasses.dataclass(frozen=True)
