@@ -155,6 +155,24 @@ def test_the_language_model_learns_the_demo_text(tmp_path):
     assert math.log2(259) > first > last and last < 4.5, metrics["history"]
 
 
+def uninterrupted_documents(raw: dict, steps: int, replicas: int) -> dict[tuple[int, int], list[int]]:
+    """(step, replica) -> the documents `train` on one host with `replicas` replicas trains on, never
+    interrupted: its one input pipeline's per-replica batches, dealt to the replicas in turn. Computed
+    here from the same pipeline (a child run never interrupted logged exactly these, and cost a
+    process of its own)."""
+    from preemption_child import document_ids
+    from tpu_pipeline.pipeline import Pipeline
+    from tpu_pipeline.pipeline.record_check import config_vocabulary
+    from tpu_pipeline.train.runner import _training_data
+
+    config = config_from_dict(raw)
+    pipeline = Pipeline.from_config(_training_data(config), num_classes=config.train.num_classes,
+                                    vocab=config_vocabulary(config))
+    batches = pipeline.build(tf.distribute.InputContext(1, 0, replicas)).take(steps * replicas)
+    return {(index // replicas, index % replicas): document_ids(inputs["inputs"], inputs["inputs_segment_ids"])
+            for index, (inputs, _, _) in enumerate(batches)}
+
+
 @pytest.mark.slow
 def test_train_killed_and_resumed_trains_on_the_same_documents_as_an_uninterrupted_run(tmp_path):
     from test_preemption import interrupt, max_step, read_log
@@ -162,36 +180,33 @@ def test_train_killed_and_resumed_trains_on_the_same_documents_as_an_uninterrupt
     data_dir = converted(tmp_path, count=200, splits="train")
     child = os.path.join(HERE, "preemption_child.py")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([REPO, HERE])}
-    logs = {}
-    for name in ("uninterrupted", "killed"):
-        out_dir = str(tmp_path / name)
-        os.makedirs(out_dir)
-        # rows of 128 tokens: every document (under 120 bytes) stays whole, so each segment starts with its number
-        raw = lm_config(data_dir, str(tmp_path / f"run_{name}"), length=128, epochs=3, steps=7, eval_data=False,
-                        checkpoint_every_steps=2, max_checkpoints=2)
-        raw["cluster"] = {"cpu_replicas": 2}  # a process of its own: fewer replicas trace faster
-        raw["model"]["steps_per_execution"] = 2  # steps run two at a time: positions still per step
-        raw["data"]["sequence"]["row_shuffle"] = 3  # rows shuffled in pools of 3 windows (192 documents)
-        config_path = os.path.join(out_dir, "config.json")
-        json.dump(raw, open(config_path, "w"))
-        command = [sys.executable, child, "train_lm", config_path, out_dir]
-        if name == "killed":
-            rng = random.Random(11)
-            for kill in range(3):
-                result = interrupt(command, out_dir, max_step(out_dir) + rng.randint(2, 4), signal.SIGKILL)
-                assert result.returncode == -signal.SIGKILL, f"kill {kill}:\n{result.stdout[-3000:]}"
-            # SIGTERM, as a preempted TPU VM gets: a checkpoint at the next step, exit 143
-            result = interrupt(command, out_dir, max_step(out_dir) + 1, signal.SIGTERM)
-            assert result.returncode == 143 and "stopped by SIGTERM at step" in result.stdout, result.stdout[-3000:]
-        final = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
-        if name == "killed":
-            assert "resumed from" in final.stdout and "window" in final.stdout, final.stdout[-3000:]
-        logs[name] = read_log(out_dir)  # also checks that a redone step saw the same documents
+    out_dir = str(tmp_path / "killed")
+    os.makedirs(out_dir)
+    # rows of 128 tokens: every document (under 120 bytes) stays whole, so each segment starts with its number
+    raw = lm_config(data_dir, str(tmp_path / "run"), length=128, epochs=3, steps=7, eval_data=False,
+                    checkpoint_every_steps=2, max_checkpoints=2)
+    raw["cluster"] = {"cpu_replicas": 2}  # a process of its own: fewer replicas trace faster
+    raw["model"]["steps_per_execution"] = 2  # steps run two at a time: positions still per step
+    raw["data"]["sequence"]["row_shuffle"] = 3  # rows shuffled in pools of 3 windows (192 documents)
+    config_path = os.path.join(out_dir, "config.json")
+    json.dump(raw, open(config_path, "w"))
+    command = [sys.executable, child, "train_lm", config_path, out_dir]
+    rng = random.Random(11)
+    for kill in range(3):
+        result = interrupt(command, out_dir, max_step(out_dir) + rng.randint(2, 4), signal.SIGKILL)
+        assert result.returncode == -signal.SIGKILL, f"kill {kill}:\n{result.stdout[-3000:]}"
+    # SIGTERM, as a preempted TPU VM gets: a checkpoint at the next step, exit 143
+    result = interrupt(command, out_dir, max_step(out_dir) + 1, signal.SIGTERM)
+    assert result.returncode == 143 and "stopped by SIGTERM at step" in result.stdout, result.stdout[-3000:]
+    final = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    assert "resumed from" in final.stdout and "window" in final.stdout, final.stdout[-3000:]
+    killed = read_log(out_dir)  # also checks that a redone step saw the same documents
 
-    assert sorted(logs["killed"]) == sorted(logs["uninterrupted"]) and len({s for s, _ in logs["killed"]}) == 21
-    assert logs["killed"] == logs["uninterrupted"]
-    stream = [doc for key in sorted(logs["killed"]) for doc in logs["killed"][key]]
+    expected = uninterrupted_documents(raw, steps=21, replicas=2)
+    assert sorted(killed) == sorted(expected) and len({s for s, _ in killed}) == 21
+    assert killed == expected
+    stream = [doc for key in sorted(killed) for doc in killed[key]]
     assert len(stream) > 200, "21 steps of rows must cover more than one pass"
     # windows of 64 consecutive examples, rows shuffled 3 windows at a time: the first pool's rows hold 192
     # distinct documents of the first pass
