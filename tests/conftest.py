@@ -6,6 +6,8 @@ logical devices; everything else sees them as one ordinary CPU host.
 from __future__ import annotations
 
 import os
+import tempfile
+from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -47,3 +49,44 @@ def eight_replica_strategy(cpu_devices) -> tf.distribute.Strategy:
 def demo_cache(tmp_path_factory) -> str:
     """One cache directory for the built-in demo set, shared by every test that runs the demo."""
     return str(tmp_path_factory.mktemp("demo_cache"))
+
+
+# Under `-n 2 --dist loadgroup` (scripts/run_tests.sh), two worker processes: every test not marked
+# slow runs in one group, on one worker, in file order (one TensorFlow start-up and one set of session
+# fixtures: the demo data set, the 8-replica strategy, as in a plain run), while the slow tests (real
+# child processes, which their test process mostly waits on) go one by one to whichever worker is
+# free, so they run beside the others on the second core. pytest-xdist's own xdist_group marks cannot
+# do this under pytest 9.2 (xdist 3.8 renames a node id pytest no longer reads from that attribute),
+# so the workers write down which tests are slow, and the scheduler here reads that.
+_SLOW_TESTS_ENV = "TPU_PIPELINE_TEST_SLOW_IDS"
+if "PYTEST_XDIST_WORKER" not in os.environ:  # the controlling process: the workers inherit the path
+    os.environ[_SLOW_TESTS_ENV] = os.path.join(tempfile.gettempdir(), f"tpu_pipeline_slow_tests.{os.getpid()}")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if "PYTEST_XDIST_WORKER" in os.environ and os.environ.get(_SLOW_TESTS_ENV):
+        path = os.environ[_SLOW_TESTS_ENV]
+        with open(f"{path}.{os.environ['PYTEST_XDIST_WORKER']}", "w") as handle:
+            handle.writelines(f"{item.nodeid}\n" for item in items if item.get_closest_marker("slow"))
+        os.replace(handle.name, path)  # whole before this worker reports its collection
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class InProcessTogether(LoadScopeScheduling):
+        """Units of work: all tests not marked slow as one (sent first: the largest), each slow test by itself."""
+
+        slow: Optional[set] = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.slow is None:  # read once every worker has collected (before the first schedule)
+                with open(os.environ[_SLOW_TESTS_ENV]) as handle:
+                    self.slow = set(handle.read().splitlines())
+                os.remove(handle.name)
+            return nodeid if nodeid in self.slow else "in_process"
+
+    return InProcessTogether(config, log)
