@@ -10,187 +10,15 @@ from typing import Any, Literal, Optional, Union
 import pydantic
 
 from tpu_pipeline.config.base import StrictModel
+from tpu_pipeline.config.features import SEQUENCE_KINDS, FeatureConfig, OpConfig
+from tpu_pipeline.config.mixture import MixtureConfig
 from tpu_pipeline.config.sequence import SequenceConfig
+from tpu_pipeline.config.sources import (  # noqa: F401  (re-exported: the data section's names)
+    AUTOTUNE, REMOVED_KEYS, ArraySourceConfig, IntOrAutotune, SourceConfig, TFDSSourceConfig, TFRecordSourceConfig,
+    _refuse_removed,
+)
 from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ConfigError
-
-AUTOTUNE = "autotune"
-IntOrAutotune = Union[pydantic.PositiveInt, Literal["autotune"]]
-
-
-REMOVED_KEYS = {
-    "file_seed": "data.seed (the root of every random choice, file order included)",
-    "seed": "data.seed (the root of every random choice; data.options.deterministic=true for a repeatable order)",
-}
-
-
-def _refuse_removed(value: Any, where: str, keys: tuple[str, ...]) -> Any:
-    """A key this version replaced: one line naming its replacement, not a bare 'unknown key'."""
-    if isinstance(value, dict):
-        for name in keys:
-            if name in value:
-                raise ConfigError(f"{where}.{name} was removed; use {REMOVED_KEYS[name]}")
-    return value
-
-
-class TFRecordSourceConfig(StrictModel):
-    """TFRecord files by glob (local or any tf.io.gfile scheme such as gs://), or a converted dataset dir."""
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _removed_keys(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
-        return _refuse_removed(value, f"{(info.context or {}).get('prefix', 'data')}.source", ("file_seed",))
-
-    type: Literal["tfrecord"] = "tfrecord"
-    files: Union[str, list[str], None] = pydantic.Field(
-        None, description="glob pattern(s), comma-separated or a list; e.g. gs://bucket/train-*.tfrecord"
-    )
-    dir: Optional[str] = pydantic.Field(
-        None, description="a directory written by `tpu-pipeline convert`: files, features, counts from its metadata.json"
-    )
-    split: Optional[str] = pydantic.Field(None, description="with dir: which split to read (default train)")
-    compression: Literal["", "GZIP", "ZLIB"] = ""
-    shuffle_files: bool = True
-    sharding: Literal["auto", "balanced", "file", "element", "off"] = pydantic.Field(
-        "auto", description="auto = balanced: each input pipeline reads an equal run of each epoch's records "
-        "(counts from metadata.json, or counted once); file: whole files per pipeline (uneven); element: every "
-        "pipeline reads everything and keeps every n-th element"
-    )
-    cycle_length: IntOrAutotune = 16
-    block_length: pydantic.PositiveInt = 1
-    num_parallel_calls: Union[pydantic.NonNegativeInt, Literal["autotune"]] = pydantic.Field(
-        AUTOTUNE, description="parallel file readers; 0 reads in the consumer's thread"
-    )
-    deterministic: Optional[bool] = None
-    buffer_size: Union[pydantic.NonNegativeInt, Literal["auto"]] = pydantic.Field(
-        "auto", description="read buffer per file in bytes; auto: 8 MiB for remote files (gs://: large "
-        "reads hide latency), 256 KiB for local ones (a big buffer only evicts records from cache)"
-    )
-    record_batch: Union[pydantic.NonNegativeInt, Literal["auto"]] = pydantic.Field(
-        "auto", description="records per block moved through the interleave (0: single records); "
-        "auto: 256 when the pipeline parses whole batches, else 0"
-    )
-
-    @pydantic.model_validator(mode="after")
-    def _files_or_dir(self, info: pydantic.ValidationInfo) -> "TFRecordSourceConfig":
-        prefix = f"{(info.context or {}).get('prefix', 'data')}.source"
-        if (self.files is None) == (self.dir is None):
-            raise ConfigError(
-                f"{prefix}: give exactly one of files (a glob of TFRecord files) or dir (a directory written by "
-                f"`tpu-pipeline convert`){'; both are set' if self.files is not None else ''}"
-            )
-        if self.split is not None and self.dir is None:
-            raise ConfigError(f"{prefix}.split: only with {prefix}.dir (with files, the glob chooses the split)")
-        return self
-
-
-class TFDSSourceConfig(StrictModel):
-    """A TensorFlow Datasets dataset prepared in data_dir, read with tfds.ReadConfig per input pipeline."""
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _removed_keys(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
-        return _refuse_removed(value, f"{(info.context or {}).get('prefix', 'data')}.source", ("file_seed",))
-
-    type: Literal["tfds"] = "tfds"
-    name: str = pydantic.Field(description="TFDS name, e.g. mnist, mnist:3.0.1, imagenet2012/subset")
-    data_dir: Optional[str] = None
-    split: str = pydantic.Field("train", description="a TFDS split spec, e.g. train, train[:90%], test")
-    as_supervised: bool = pydantic.Field(False, description="keep only the two supervised features, by their names")
-    features: Optional[dict[str, str]] = pydantic.Field(
-        None, description="output name → TFDS feature path ('objects/label'): selects and renames features"
-    )
-    skip_decoding: list[str] = pydantic.Field(
-        [], description="features (images) to keep as encoded bytes, for the fused decode-and-crop ops"
-    )
-    shuffle_files: bool = True
-    sharding: Literal["auto", "file", "element", "off"] = "auto"
-    interleave_cycle_length: IntOrAutotune = 16
-    interleave_block_length: pydantic.PositiveInt = 1
-
-    @pydantic.model_validator(mode="after")
-    def _one_selection(self, info: pydantic.ValidationInfo) -> "TFDSSourceConfig":
-        prefix = f"{(info.context or {}).get('prefix', 'data')}.source"
-        if self.as_supervised and self.features:
-            raise ConfigError(
-                f"{prefix}: as_supervised and features both choose the features; use one "
-                "(features can also rename, e.g. {image: image, label: label})"
-            )
-        return self
-
-
-class ArraySourceConfig(StrictModel):
-    """In-memory arrays (from_tensor_slices), from a .npz file in YAML or from Python directly."""
-
-    type: Literal["arrays"] = "arrays"
-    path: str = pydantic.Field(description=".npz file whose arrays become features (same first dim)")
-    sharding: Literal["auto", "balanced", "element", "off"] = "auto"
-
-
-SourceConfig = Union[TFRecordSourceConfig, ArraySourceConfig, TFDSSourceConfig]
-
-
-SEQUENCE_KINDS = ("ragged", "sequence")  # kinds parsed as a variable-length sequence per example
-
-
-class FeatureConfig(StrictModel):
-    """One tf.Example feature: FixedLenFeature ('fixed'), VarLenFeature densified ('var'), a variable-length
-    1-D vector ('ragged'), or a SequenceExample feature list ('sequence')."""
-
-    dtype: Literal["string", "int64", "float32"]
-    shape: list[pydantic.NonNegativeInt] = []
-    kind: Literal["fixed", "var", "ragged", "sequence"] = pydantic.Field(
-        "fixed", description="fixed: exactly `shape` values; var: any count, densified and padded with `default`; "
-        "ragged: any count, kept as a 1-D tensor of the example's length (token ids; shape must be []); "
-        "sequence: a tf.SequenceExample feature list, [steps, *shape] per example (any feature of kind sequence "
-        "makes every record a SequenceExample, whose context holds the other features)"
-    )
-    default: Any = pydantic.Field(
-        None, description="fixed: the value of an absent feature; var: the padding value; ragged and sequence: "
-        "only [] (an absent feature is an empty sequence, not a fault)"
-    )
-    cast: Optional[Literal["int32", "int64"]] = pydantic.Field(
-        None, description="ragged and sequence int64 features: the dtype they arrive as; unset: int32 (what TPUs "
-        "take, half the bytes; an id outside int32 is an error, never wrapped); int64: as stored"
-    )
-
-    @pydantic.model_validator(mode="after")
-    def _sequence_rules(self) -> "FeatureConfig":
-        if self.kind == "ragged" and self.shape:
-            raise ValueError(f"kind ragged is one 1-D vector of any length per example, so shape must be [] "
-                             f"(given {self.shape}); use kind var or fixed for other shapes")
-        if self.kind in SEQUENCE_KINDS and self.default not in (None, []):
-            raise ValueError(f"kind {self.kind} takes only default: [] (an absent feature is then an empty "
-                             f"sequence), given {self.default!r}; append or prepend ids with ops")
-        if self.cast is not None and (self.kind not in SEQUENCE_KINDS or self.dtype != "int64"):
-            raise ValueError(f"cast applies to int64 features of kind ragged or sequence (this one is {self.dtype}, "
-                             f"kind {self.kind}); cast others with the op cast")
-        return self
-
-    @property
-    def parsed_dtype(self) -> str:
-        """The dtype the parsed feature has: `dtype`, but int32 for int64 ragged and sequence features
-        unless `cast: int64`."""
-        if self.kind in SEQUENCE_KINDS and self.dtype == "int64":
-            return self.cast or "int32"
-        return self.dtype
-
-
-class OpConfig(StrictModel):
-    """One preprocessing op by registry name, with its keyword arguments."""
-
-    op: str
-    args: dict[str, Any] = {}
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _short_forms(cls, value: Any) -> Any:
-        # Accept "random_flip" and {op: resize, size: 224} as well as {op:..., args: {...}}.
-        if isinstance(value, str):
-            return {"op": value}
-        if isinstance(value, dict) and "op" in value and "args" not in value:
-            return {"op": value["op"], "args": {k: v for k, v in value.items() if k != "op"}}
-        return value
 
 
 class CacheConfig(StrictModel):
@@ -325,7 +153,9 @@ class ServiceConfig(StrictModel):
 class DataConfig(StrictModel):
     """One input pipeline: source → parse → preprocess → cache → shuffle → repeat → augment → batch."""
 
-    source: SourceConfig = pydantic.Field(discriminator="type")
+    source: Optional[SourceConfig] = pydantic.Field(None, discriminator="type")
+    mixture: Optional[MixtureConfig] = pydantic.Field(
+        None, description="several sources mixed at set rates, instead of source (docs/mixtures.md)")
     features: dict[str, FeatureConfig] = {}
     preprocess: list[OpConfig] = []
     augment: list[OpConfig] = []
@@ -397,6 +227,11 @@ class DataConfig(StrictModel):
     def _check_features(self, info: pydantic.ValidationInfo) -> "DataConfig":
         # Op names and arguments are checked by tpu_pipeline.ops.check_ops (config imports no ops).
         prefix = (info.context or {}).get("prefix", "data")
+        if (self.source is None) == (self.mixture is None):
+            raise ConfigError(f"{prefix}: give exactly one of {prefix}.source (one source) or {prefix}.mixture "
+                              f"(several, at set rates){'; both are set' if self.source is not None else ''}")
+        if self.mixture is not None:
+            self._check_mixture(prefix)
         if isinstance(self.source, TFRecordSourceConfig) and not self.features and self.source.dir is None:
             raise ConfigError(
                 f"{prefix}.features: a tfrecord source needs a feature spec, e.g. "
@@ -411,3 +246,24 @@ class DataConfig(StrictModel):
                 f"{prefix}.features (select or rename features with {prefix}.source.features)"
             )
         return self
+
+    def _check_mixture(self, prefix: str) -> None:
+        """What a mixture cannot do yet, or needs, in one line each."""
+        where = f"{prefix}.mixture"
+        for index, entry in enumerate(self.mixture.sources):
+            if entry.source.dir is None and not (entry.features or self.features):
+                raise ConfigError(f"{where}.sources[{index}] ({entry.name}): its records need a feature spec: "
+                                  f"give {prefix}.features, the source's own features, or source.dir")
+        if self.cache.enabled:
+            raise ConfigError(f"{prefix}.cache.enabled: a mixture positions each source on its own and caches "
+                              "nothing; remove cache")
+        if self.service.enabled:
+            raise ConfigError(f"{prefix}.service with {prefix}.mixture is not supported yet; remove one of them")
+        if self.repeat != "forever" and any(entry.exhausted == "repeat" for entry in self.mixture.sources):
+            raise ConfigError(
+                f"{prefix}.repeat={self.repeat}: a mixture's sources end their own way ({where}.sources[].exhausted); "
+                f"set {prefix}.repeat=forever with exhausted: repeat, or give every source exhausted: stop or drop "
+                "for a mixture that ends")
+        if self.on_error == "skip":
+            raise ConfigError(f"{prefix}.on_error=skip with {prefix}.mixture is not supported yet: check the sources "
+                              "with `tpu-pipeline verify` and use on_error: raise")

@@ -91,10 +91,12 @@ def resolve_input_paths(raw: dict[str, Any], base_dir: str) -> dict[str, Any]:
         data = raw.get(section)
         if not isinstance(data, dict):
             continue
-        for parent, key in _INPUT_PATHS:
-            node = data.get(parent)
-            if isinstance(node, dict) and key in node:
-                node[key] = _resolved(node[key], base_dir)
+        mixed = (data.get("mixture") or {}).get("sources") if isinstance(data.get("mixture"), dict) else None
+        for holder in [data] + [entry for entry in mixed or [] if isinstance(entry, dict)]:
+            for parent, key in _INPUT_PATHS:
+                node = holder.get(parent)
+                if isinstance(node, dict) and key in node:
+                    node[key] = _resolved(node[key], base_dir)
     return raw
 
 

@@ -23,6 +23,7 @@ from tpu_pipeline.pipeline.bad_records import SkipReport, check_copies_reachable
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.evaluation import evaluation_steps, for_evaluation
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
+from tpu_pipeline.pipeline.mixture_weights import by_tokens
 from tpu_pipeline.pipeline.modes import SequenceMode, sequence_mode
 from tpu_pipeline.pipeline.parts import Parts, parts_of
 from tpu_pipeline.pipeline.plan import Plan, make_plan
@@ -212,6 +213,13 @@ class Pipeline:
         beginning of `first_epoch`. `salted`: each run of the graph (each service worker) folds a
         value of its own into the epoch, hence into every per-epoch seed."""
         once, each = parts.once, parts.epoch
+        if self.source.seekable:
+            # A source that positions itself (a mixture: each of its sources at its own epoch and
+            # record) has no epochs for the repeat to make: its sources repeat, or end, on their own.
+            epoch = StageContext(context, epoch=tf.constant(FIRST_EPOCH, tf.int64))
+            dataset = apply_stages(self.source.build_from(context, start), (*once, *each), epoch)
+            return apply_stages(dataset, parts.stream, StageContext(context, examples=start, skip=skip_outputs,
+                                                                    chunk=chunk))
         source_per_epoch = self.source.per_epoch and not once
         if source_per_epoch:
             one_epoch = lambda epoch: apply_stages(  # noqa: E731
@@ -342,6 +350,8 @@ class Pipeline:
             source, skipped = without_bad_records(config, source, prefix, num_classes, vocab)
             check_copies_reachable(config, skipped, prefix)
         plan = make_plan(config, source, prefix)
+        if config.mixture is not None and config.mixture.weight_by == "tokens":
+            source = by_tokens(source, plan.features.value, plan.sequence.value)
         if plan.features.value and isinstance(source, RecordFileSource) and skipped is None:
             check_first_record(source, plan.features.value, prefix)
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),

@@ -102,7 +102,8 @@ def make_plan(config: DataConfig, source: Source, prefix: str = "data") -> Plan:
     cache = _record_cache(config, source, files, parse.value, shuffle.value, data_bytes, prefix)
     order = _order(config, source, files, prefix)
     features = _features(config, source, parse.value, prefix)
-    keep_blocks = parse.value == "batched" and shuffle.value != "stream"  # batches are cut straight from blocks
+    # Batches are cut straight from blocks; a mixture chooses record by record, so it yields single ones.
+    keep_blocks = parse.value == "batched" and shuffle.value != "stream" and config.mixture is None
     read = _read_options(config, block.value, keep_blocks, cache.value, order.value)
     origin = f"from {config.source.dir}/metadata.json" if getattr(config.source, "dir", None) else "listed from the source"
     return Plan(
@@ -181,6 +182,9 @@ def _parse(config: DataConfig, source: Source, ops: list[tuple[str, str, Any]], 
 def _shuffle(config: DataConfig, parse: str, prefix: str) -> Decision:
     if not config.shuffle.enabled:
         return Decision("off", f"{prefix}.shuffle.enabled=false")
+    if config.mixture is not None:
+        return Decision("off", f"{prefix}.mixture: each source shuffles its own records (a buffer of "
+                               f"{config.shuffle.buffer_size} each) before the mixing, so a resume positions each alone")
     batched = parse == "batched"
     mode = config.shuffle.mode
     if mode == "window" and not batched:
@@ -248,6 +252,9 @@ def _record_cache(config: DataConfig, source: Source, files: tuple[str, ...], pa
     if requested is False:
         return Decision(False, f"{key}=false")
     if requested is True:
+        if config.mixture is not None:
+            raise ConfigError(f"{key}=true: {prefix}.mixture reads each source on its own, with no record cache; "
+                              f"set {key}=auto")
         if not files:
             raise ConfigError(
                 f"{key}=true holds serialized TFRecord records, but this source ({type(source).__name__}) reads no "
@@ -261,6 +268,8 @@ def _record_cache(config: DataConfig, source: Source, files: tuple[str, ...], pa
         return Decision(True, f"{key}=true")
     if not files:
         return Decision(False, "auto: the source reads no TFRecord files")
+    if config.mixture is not None:
+        return Decision(False, f"auto: {prefix}.mixture reads each source on its own")
     if config.cache.enabled:
         return Decision(False, f"auto: {prefix}.cache.enabled caches the parsed examples already")
     if config.repeat == 1:
@@ -305,6 +314,8 @@ def _order(config: DataConfig, source: Source, files: tuple[str, ...], prefix: s
 def _features(config: DataConfig, source: Source, parse: str, prefix: str) -> Decision:
     if parse == "none":
         return Decision({}, "nothing to parse")
+    if config.mixture is not None:
+        return _mixture_features(config, source, prefix)
     if config.features:
         return Decision(dict(config.features), f"{prefix}.features")
     known = source.info().features
@@ -334,3 +345,23 @@ def _read_options(config: DataConfig, record_block: int, keep_blocks: bool, cach
         )
     return ReadOptions(seed=config.seed, record_block=record_block, keep_blocks=keep_blocks,
                        cache_records=cache_records, **knobs)
+
+
+def _mixture_features(config: DataConfig, source: Source, prefix: str) -> Decision:
+    """One parse spec for the mixed records: data.features (or the first source's metadata.json), each
+    source's own features added. (Every record is tagged with its source, `SOURCE_KEY`; parsing the
+    tag, to count and evaluate per source, is not done yet: docs/mixtures.md.)"""
+    specs: dict[str, FeatureConfig] = dict(config.features)
+    origin = f"{prefix}.features" if specs else "the first source's metadata.json"
+    if not specs:
+        known = source.info().features or {}
+        specs = {name: spec if isinstance(spec, FeatureConfig) else FeatureConfig(**spec) for name, spec in known.items()}
+    for index, entry in enumerate(config.mixture.sources):
+        for name, spec in entry.features.items():
+            if name in specs and specs[name] != spec:
+                raise ConfigError(
+                    f"{prefix}.mixture.sources[{index}] ({entry.name}).features.{name}: {spec.model_dump()} differs from "
+                    f"{specs[name].model_dump()} given before; one name has one spec in a mixture (rename it in the "
+                    "source's records, or give it the same spec)")
+            specs[name] = spec
+    return Decision(specs, f"{origin} and each source's own")

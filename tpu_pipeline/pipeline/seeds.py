@@ -5,7 +5,9 @@
                ├─ "shuffle",        pipeline i  record shuffle of epoch e
                ├─ "window_shuffle", pipeline i  window w of epoch e
                ├─ "augment",        pipeline i  the n-th element this pipeline sends through the ops
-               └─ "row_shuffle",    pipeline i  the packed rows of the pool that starts at (example, chunk)
+               ├─ "row_shuffle",    pipeline i  the packed rows of the pool that starts at (example, chunk)
+               └─ "mix"                        which source each block of a mixture's positions draws from
+                                                (the same on every input pipeline)
 
 A node is a stateless `int64[2]` key (a hash of root, purpose and pipeline); an epoch, a window
 or an element position is folded into it with `stateless_fold_in`. So "the file order of epoch e"
@@ -20,8 +22,9 @@ from typing import Iterator, Optional, Union
 
 import tensorflow as tf
 
-FILES, SHUFFLE, WINDOW_SHUFFLE, AUGMENT, ROW_SHUFFLE = "files", "shuffle", "window_shuffle", "augment", "row_shuffle"
-_PURPOSES = (FILES, SHUFFLE, WINDOW_SHUFFLE, AUGMENT, ROW_SHUFFLE)
+FILES, SHUFFLE, WINDOW_SHUFFLE, AUGMENT, ROW_SHUFFLE, MIX = (
+    "files", "shuffle", "window_shuffle", "augment", "row_shuffle", "mix")
+_PURPOSES = (FILES, SHUFFLE, WINDOW_SHUFFLE, AUGMENT, ROW_SHUFFLE, MIX)
 
 IntLike = Union[int, tf.Tensor]
 

@@ -45,6 +45,9 @@ class Source:
 
     yields_records: ClassVar[bool] = False  # serialized tf.Example records that need parsing
     in_memory: ClassVar[bool] = False  # its data lives in this process (tf.data service workers cannot read it)
+    # True: `build_from(context, n)` starts the stream after its first n elements by itself, and the source
+    # has no epochs of its own for the pipeline to repeat (a mixture: each of its sources has its own).
+    seekable: ClassVar[bool] = False
     compression: str = ""
 
     def tfrecord_files(self) -> list[str]:
@@ -79,6 +82,10 @@ class Source:
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
         raise NotImplementedError
 
+    def build_from(self, context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
+        """A seekable source's stream after its first `start` elements (see `seekable`)."""
+        raise NotImplementedError(f"{type(self).__name__} is not seekable")
+
 
 class RecordFileSource(Source):
     """Base of the sources that read serialized records from TFRecord files with `read` (a dataclass field)."""
@@ -92,6 +99,10 @@ class RecordFileSource(Source):
     def files_source(self) -> Any:
         """The TFRecordSource of the files read (itself, or a dataset directory's shards)."""
         raise NotImplementedError
+
+    def record_sources(self) -> tuple["RecordFileSource", ...]:
+        """The sources whose records this one reads as they are stored: itself (a mixture: each of its own)."""
+        return (self,)
 
     @property
     def per_epoch(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
+from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.source_base import Source
 from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
 from tpu_pipeline.pipeline.tfds_source import TFDSSource
@@ -14,12 +15,32 @@ from tpu_pipeline.pipeline.tfds_source import TFDSSource
 
 def source_from_config(config: DataConfig) -> Source:
     """The source a config names, before the plan gives it its read options."""
+    if config.mixture is not None:
+        return mixture_from_config(config)
     src = config.source
     if isinstance(src, TFRecordSourceConfig):
-        if src.dir is not None:
-            return DatasetDirSource(dir=src.dir, split=src.split or "train")
-        return TFRecordSource(files=src.files, compression=src.compression)
+        return record_source(src)
     if isinstance(src, TFDSSourceConfig):
         return TFDSSource.from_config(src)  # decoded feature dicts: no parse follows
     assert isinstance(src, ArraySourceConfig)
     return ArraySource.from_npz(src.path, sharding=src.sharding)
+
+
+def record_source(src: TFRecordSourceConfig) -> Source:
+    """The files of a tfrecord source section: a converted dataset's split, or a glob."""
+    if src.dir is not None:
+        return DatasetDirSource(dir=src.dir, split=src.split or "train")
+    return TFRecordSource(files=src.files, compression=src.compression)
+
+
+def mixture_from_config(config: DataConfig) -> MixtureSource:
+    """data.mixture's sources, weighted by examples (weight_by: tokens is converted by the plan, which
+    measures each source's tokens per example)."""
+    mixture = config.mixture
+    assert mixture is not None
+    parts = tuple(MixturePart(entry.name, record_source(entry.source), entry.weight, entry.exhausted)
+                  for entry in mixture.sources)
+    shuffle = config.shuffle
+    return MixtureSource(parts, tuple(entry.weight for entry in mixture.sources), seed=config.seed,
+                         shuffle_buffer=shuffle.buffer_size if shuffle.enabled else 0,
+                         reshuffle_each_iteration=shuffle.reshuffle_each_iteration)

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.example_check import misfit
+from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY
 from tpu_pipeline.pipeline.source_base import RecordFileSource
 
 
@@ -42,9 +43,12 @@ def check_features(path: str, record: bytes, features: Mapping[str, Any], prefix
 
 
 def check_first_record(source: RecordFileSource, features: Any, prefix: str) -> None:
-    """The feature spec against the first record found in the first few files (build time, not a trace later)."""
-    for path in source.tfrecord_files()[:3]:
-        record = first_record(path, getattr(source, "compression", ""))
-        if record is not None:
-            check_features(path, record, features, prefix)
-            return
+    """The feature spec against the first record found in the first few files (build time, not a trace
+    later): of each source, for a mixture (whose source tag is added in the stream, not stored)."""
+    stored = {key: spec for key, spec in features.items() if key != SOURCE_KEY}
+    for part in source.record_sources():
+        for path in part.tfrecord_files()[:3]:
+            record = first_record(path, getattr(part, "compression", ""))
+            if record is not None:
+                check_features(path, record, stored, prefix)
+                break

@@ -1,0 +1,172 @@
+"""A mixture of record sources at set rates: one stream of serialized records, each tagged with its source.
+
+Each source reads its own files (its own per-epoch file order and record shuffle, from a seed of
+its own: `data.seed` and its name) and is positioned on its own: after `c` examples it is in epoch
+`c // L` at record `c % L` (L: its epoch length on this input pipeline), exactly as a single
+source resumes. `mixing.MixingSchedule` says which source each position draws from, so after `n`
+delivered examples the whole mixture is at a place computed from `n` alone: the choice position
+and every source's count (`mixing.MixturePositions`). A resume rebuilds every source at its count
+and the choices at the choice position: the saved state stays the iterators' few integers, never
+a buffer, where tf.data's `sample_from_datasets` can only resume by saving every source's buffers.
+
+The tag: a serialized tf.Example is a protobuf message, and two concatenated messages parse as
+their merge, so each record gets the 20-odd bytes of `{_source: [i]}` appended. The mixed records
+then go through the one parse of the pipeline (batched or per example), unchanged, and
+`SOURCE_KEY` comes out beside the other features.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import ClassVar, Optional, Sequence
+
+import tensorflow as tf
+
+from tpu_pipeline.format import DatasetInfo
+from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions
+from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource
+from tpu_pipeline.pipeline.stage_base import StageContext
+from tpu_pipeline.pipeline.stages import Shuffle
+
+SOURCE_KEY = "_source"  # the feature each mixed example carries: its source's index in data.mixture.sources
+EXHAUSTED = ("repeat", "drop", "stop")
+
+
+def source_tag(index: int) -> bytes:
+    """The serialized tf.Example `{_source: [index]}`, appended to a record to tag it."""
+    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=[index]))
+    return tf.train.Example(features=tf.train.Features(feature={SOURCE_KEY: feature})).SerializeToString()
+
+
+def source_seed(root: int, name: str) -> int:
+    """A source's own seed root, from data.seed and its name (not its place in the list: reordering
+    the sources keeps every source's order)."""
+    digest = hashlib.blake2b(f"{int(root)}/mixture/{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixturePart:
+    """One source of a mixture: its records, its weight and what happens at its end."""
+
+    name: str
+    source: RecordFileSource
+    weight: float
+    exhausted: str = "repeat"  # repeat | drop | stop
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureSource(RecordFileSource):
+    """Several record sources mixed by a deterministic schedule; `build_from(context, n)` starts after n examples.
+
+    `weights` are the example rates the schedule keeps (with `weight_by: tokens`, the config's token
+    weights divided by each source's mean tokens per example); `shuffle_buffer` the record shuffle
+    each source runs on its own epochs (0: none).
+    """
+
+    seekable: ClassVar[bool] = True
+    parts: tuple[MixturePart, ...]
+    weights: tuple[float, ...]
+    seed: int = 0
+    shuffle_buffer: int = 0
+    reshuffle_each_iteration: bool = True
+    read: ReadOptions = ReadOptions()
+    tokens_per_example: tuple[float, ...] = ()  # weight_by: tokens: each source's measured mean (else empty)
+
+    @functools.cached_property
+    def schedule(self) -> MixingSchedule:
+        return MixingSchedule(tuple(float(w) for w in self.weights), self.seed)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(part.name for part in self.parts)
+
+    def tfrecord_files(self) -> list[str]:
+        return [path for part in self.parts for path in part.source.tfrecord_files()]
+
+    def files_source(self) -> "MixtureSource":
+        return self
+
+    def record_sources(self) -> tuple[RecordFileSource, ...]:
+        return tuple(part.source for part in self.parts)
+
+    def info(self) -> DatasetInfo:
+        first = self.parts[0].source.info()
+        counts = [part.source.info().num_examples for part in self.parts]
+        total = sum(counts) if all(count is not None for count in counts) else None
+        return dataclasses.replace(first, num_examples=total) if dataclasses.is_dataclass(first) else first
+
+    def count_examples(self) -> Optional[int]:
+        return sum(part.source.count_examples() for part in self.parts)
+
+    def epoch_length(self, context: tf.distribute.InputContext) -> Optional[int]:
+        return None  # a mixture has no epochs of its own; its sources do (build_from positions them)
+
+    @property
+    def per_epoch(self) -> bool:
+        return False
+
+    def with_read(self, read: ReadOptions) -> "MixtureSource":
+        # Every source reads single records (the mixture chooses record by record), with a seed of its own.
+        single = dataclasses.replace(read, keep_blocks=False, cache_records=False)
+        parts = tuple(dataclasses.replace(part, source=part.source.with_read(
+            dataclasses.replace(single, seed=source_seed(read.seed, part.name)))) for part in self.parts)
+        return dataclasses.replace(self, parts=parts, read=single)
+
+    def positions(self, context: tf.distribute.InputContext) -> MixturePositions:
+        """The schedule with each source's end on this input pipeline (None: it repeats)."""
+        totals = tuple(None if part.exhausted == "repeat" else self._length(part, context) for part in self.parts)
+        return MixturePositions(self.schedule, totals, tuple(part.exhausted == "stop" for part in self.parts))
+
+    def delivered_per_source(self, context: tf.distribute.InputContext, delivered: int) -> list[int]:
+        """Examples each source delivered once the mixture delivered `delivered` (all of this input pipeline)."""
+        positions = self.positions(context)
+        return positions.taken(positions.locate(delivered)).tolist()
+
+    def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
+        return self.build_from(context, 0)
+
+    def build_from(self, context: tf.distribute.InputContext, delivered: int) -> tf.data.Dataset:
+        """The mixed records of this input pipeline after its first `delivered`, exactly the rest of the stream."""
+        positions = self.positions(context)
+        choice = positions.locate(delivered)
+        taken = positions.taken(choice)
+        streams = [self._stream(index, part, context, int(taken[index]), positions.totals[index])
+                   for index, part in enumerate(self.parts)]
+        choices = self.schedule.choices(choice)
+        if positions.end is not None:
+            choices = choices.take(max(0, positions.end - choice))
+        # A dropped source's choices past its end are passed over (stop_on_empty_dataset=False): the
+        # others' weights renormalized. A `stop` source ends the mixture at its first choice past its end.
+        return tf.data.Dataset.choose_from_datasets(streams, choices, stop_on_empty_dataset=False)
+
+    def _length(self, part: MixturePart, context: tf.distribute.InputContext) -> int:
+        length = part.source.epoch_length(context)
+        if not length:
+            raise ValueError(f"data.mixture source {part.name!r}: no fixed epoch length on input pipeline "
+                             f"{context.input_pipeline_id}; use sharding auto (balanced) so it can be positioned")
+        return length
+
+    def _stream(self, index: int, part: MixturePart, context: tf.distribute.InputContext, taken: int,
+                total: Optional[int]) -> tf.data.Dataset:
+        """Source `index` after its first `taken` examples: its epochs (each with its file order and record
+        shuffle) from epoch taken // L, the first taken % L records of that one skipped; tagged."""
+        length = self._length(part, context)
+        first, skip = divmod(taken, length)
+        shuffle = Shuffle(self.shuffle_buffer, source_seed(self.seed, part.name), self.reshuffle_each_iteration)
+
+        def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
+            records = part.source.build(context, epoch)
+            if self.shuffle_buffer:
+                records = shuffle.apply(records, StageContext(context, epoch=epoch))
+            return records
+
+        tag = tf.constant(source_tag(index))
+        if total is not None and taken >= total:
+            records = tf.data.Dataset.from_tensors(tf.constant(b"")).take(0)
+        elif part.exhausted == "repeat":
+            records = tf.data.Dataset.range(first, 1 << 62).flat_map(one_epoch).skip(skip)
+        else:
+            records = one_epoch(tf.constant(0, tf.int64)).skip(skip)
+        return records.map(lambda record: tf.strings.join([record, tag]))
