@@ -6,7 +6,7 @@ from typing import Any, Optional, Sequence
 
 from tpu_pipeline.config import Config, load_config
 from tpu_pipeline.records import ensure_demo_dataset
-from tpu_pipeline.records.demo_text import TEXT_DEMO_DIR, ensure_text_demo
+from tpu_pipeline.records.demo_text import CODE_DEMO_DIR, TEXT_DEMO_DIR, ensure_code_demo, ensure_text_demo
 from tpu_pipeline.system import local_path
 
 DEMO_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs_builtin", "demo.yaml")
@@ -24,13 +24,20 @@ def demo_config(overrides: Sequence[str] = (), cache_dir: Optional[str] = None, 
 
 
 def ensure_builtin_data(raw: dict[str, Any]) -> None:
-    """Writes the text demo where a config's data or eval_data source points at it (a directory ending in
-    demo_text/v1, as configs/text_lm.yaml's does) and it is not there yet: such a config trains with no
-    data of yours, on any machine."""
+    """Writes the text (or code) demo where a config's data or eval_data source, or a source of its
+    mixture, points at it (a directory ending in demo_text/v1 or demo_code/v1, as configs/text_lm.yaml's
+    and configs/text_lm_mixture.yaml's do) and it is not there yet: such a config trains with no data of
+    yours, on any machine."""
     for section in ("data", "eval_data"):
-        source = (raw.get(section) or {}).get("source") or {}
-        directory = source.get("dir") if isinstance(source, dict) else None
-        if isinstance(directory, str) and "://" not in directory:
-            path = os.path.normpath(local_path(directory))
-            if path.endswith(os.sep + TEXT_DEMO_DIR):
-                ensure_text_demo(out_dir=path)
+        data = raw.get(section) or {}
+        mixture = data.get("mixture") if isinstance(data, dict) else None
+        entries = (mixture or {}).get("sources") if isinstance(mixture, dict) else None
+        sources = [data.get("source") if isinstance(data, dict) else None]
+        sources += [entry.get("source") for entry in entries or [] if isinstance(entry, dict)]
+        for source in sources:
+            directory = source.get("dir") if isinstance(source, dict) else None
+            if isinstance(directory, str) and "://" not in directory:
+                path = os.path.normpath(local_path(directory))
+                for name, ensure in ((TEXT_DEMO_DIR, ensure_text_demo), (CODE_DEMO_DIR, ensure_code_demo)):
+                    if path.endswith(os.sep + name):
+                        ensure(out_dir=path)

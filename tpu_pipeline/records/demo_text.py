@@ -19,6 +19,8 @@ from tpu_pipeline.records.text_input import TextSource
 from tpu_pipeline.system import default_cache_dir
 
 TEXT_DEMO_DIR = os.path.join("demo_text", "v1")  # under the cache; configs/text_lm.yaml names it
+CODE_DEMO_DIR = os.path.join("demo_code", "v1")  # ... and configs/text_lm_mixture.yaml this one too
+CODE_DEMO_BYTES = 1 << 20  # the standard library's first modules (by name) up to ~1 MB of source
 
 
 def paragraphs() -> list[str]:
@@ -43,5 +45,39 @@ def ensure_text_demo(cache_dir: str | None = None, out_dir: str | None = None) -
             for paragraph in paragraphs():
                 handle.write(json.dumps({"text": paragraph}) + "\n")
         source = TextSource([path], splits="train=0.95,validation=0.05", seed=0, tokenizer="bytes", text_field="text")
+        convert(source, out_dir, ConvertOptions(min_shards=4, progress=False))
+    return out_dir
+
+
+def code_files() -> list[str]:
+    """The Python standard library's top-level modules, by name, up to CODE_DEMO_BYTES of source."""
+    import sysconfig
+
+    library = sysconfig.get_paths()["stdlib"]
+    chosen, total = [], 0
+    for name in sorted(os.listdir(library)):
+        path = os.path.join(library, name)
+        if name.endswith(".py") and os.path.isfile(path):
+            chosen.append(path)
+            total += os.path.getsize(path)
+            if total >= CODE_DEMO_BYTES:
+                break
+    return chosen
+
+
+def ensure_code_demo(cache_dir: str | None = None, out_dir: str | None = None) -> str:
+    """Converts the code demo once (each standard-library module a document, all in split train):
+    a second corpus beside the text demo, for the mixture example. Returns its directory."""
+    out_dir = out_dir or os.path.join(cache_dir or default_cache_dir(), CODE_DEMO_DIR)
+    if read_metadata(out_dir) is not None:
+        return out_dir
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="code-demo-") as scratch:
+        path = os.path.join(scratch, f"stdlib_py{sys.version_info.major}.{sys.version_info.minor}.jsonl")
+        with open(path, "w", encoding="utf-8") as handle:
+            for module in code_files():
+                with open(module, encoding="utf-8", errors="replace") as source:
+                    handle.write(json.dumps({"text": source.read()}) + "\n")
+        source = TextSource([path], splits="train=1", seed=0, tokenizer="bytes", text_field="text")
         convert(source, out_dir, ConvertOptions(min_shards=4, progress=False))
     return out_dir
