@@ -62,7 +62,9 @@ def first_tokens(batch: dict) -> list[int]:
 
 
 def run(iterator, limit: int) -> list[dict]:
-    out = []
+    out: list[dict] = []
+    if limit <= 0:
+        return out
     for element in iterator:
         out.append({key: value.numpy() for key, value in element.items()})
         if len(out) == limit:
@@ -113,3 +115,57 @@ def test_a_repeating_mixture_restored_mid_run_goes_on_exactly_over_two_input_pip
         restored = make()
         tf.train.Checkpoint(data=restored).read(path).assert_consumed()
         assert head and same(run(restored, 9), tail)
+
+
+def reweighted(config: DataConfig, weights) -> DataConfig:
+    mixture = config.mixture.model_copy(update={"sources": [
+        entry.model_copy(update={"weight": weight}) for entry, weight in zip(config.mixture.sources, weights)]})
+    return config.model_copy(update={"mixture": mixture})
+
+
+@pytest.mark.parametrize("mode", ["pad", "pack"])
+def test_weights_changed_on_resume_continue_every_source_where_it_stopped(corpora, tmp_path, mode, caplog):
+    """Restored with new weights: no document twice, none left out (drop: one pass of each source), the
+    change logged, and the new weights in force after the window in flight."""
+    old = mixture_config(corpora, mode)
+    new = reweighted(old, (0.1, 0.1, 0.8))
+    iterator = Pipeline.from_config(old).iterator()
+    head = run(iterator, 4)
+    path = tf.train.Checkpoint(data=iterator).write(str(tmp_path / "old"))
+    restored = Pipeline.from_config(new).iterator()
+    checkpoint = tf.train.Checkpoint(data=restored)
+    checkpoint.read(path).assert_consumed()
+    with caplog.at_level("WARNING"):
+        tail = run(restored, 1 << 20)
+    assert "data.mixture: weights changed since the checkpoint (web 0.5 -> 0.1, code 0.3 -> 0.1, books 0.2 -> 0.8)" \
+        in caplog.text
+    firsts = [first for batch in head + tail for first in first_tokens(batch)]
+    assert len(firsts) == len(set(firsts))  # none twice
+    if mode == "pad":  # every document once but the last short batch (drop_remainder)
+        assert sum(SOURCES.values()) - len(firsts) < 8
+    # The uninterrupted run with the old weights differs after the switch: books come sooner.
+    uninterrupted = run(Pipeline.from_config(old).iterator(), len(head) + len(tail))
+    books = lambda batches: sum(1 for b in batches for f in first_tokens(b) if f >= 3000)  # noqa: E731
+    assert books(tail[:6]) > books(uninterrupted[len(head):len(head) + 6])
+
+
+def test_a_run_resumed_with_new_weights_resumes_again_exactly(corpora, tmp_path):
+    """Checkpointed again before the new weights took effect, and after: each restore is the exact rest."""
+    old = mixture_config(corpora, "pack", exhausted="repeat")
+    new = reweighted(old, (0.2, 0.2, 0.6))
+    first = Pipeline.from_config(old).iterator()
+    run(first, 3)
+    path = tf.train.Checkpoint(data=first).write(str(tmp_path / "old"))
+    second = Pipeline.from_config(new).iterator()
+    tf.train.Checkpoint(data=second).read(path).assert_consumed()
+    run(second, 1)
+    paths = {}
+    rest = {}
+    for name, count in (("soon", 0), ("later", 12)):
+        run(second, count)
+        paths[name] = tf.train.Checkpoint(data=second).write(str(tmp_path / name))
+        rest[name] = run(second, 6)
+    for name, path in paths.items():
+        again = Pipeline.from_config(new).iterator()
+        tf.train.Checkpoint(data=again).read(path).assert_consumed()
+        assert same(run(again, 6), rest[name]), name

@@ -29,6 +29,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Optional, Protocol
 
 import tensorflow as tf
+from absl import logging
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.sequence_stages import Windowed
@@ -51,6 +52,13 @@ class ResumablePipeline(Protocol):
     def examples_per_step(self, context: tf.distribute.InputContext) -> int: ...
 
     def naming_data_errors(self) -> AbstractContextManager[Any]: ...
+
+    @property
+    def source(self) -> Any: ...
+
+    def resume_margin(self) -> int: ...
+
+    def with_source(self, source: Any) -> "ResumablePipeline": ...
 
 
 class _Box:
@@ -89,8 +97,29 @@ class _PositionIterator(tf.Module):
                                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
                 self.in_window = tf.Variable(0, dtype=tf.int64, trainable=False, name="in_window",
                                              aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            # A mixture's weights and since when (the position alone cannot say which weights made it).
+            state = pipeline.source.resume_state()
+            self.source_state = None if state is None else tf.Variable(
+                state, dtype=tf.string, trainable=False, name="source_state",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._examples_per_batch = examples_per_batch
         self._box = _Box()
+        self._applied = state  # the source state the pipeline holds now
+
+    def _with_saved_source(self, example: int) -> ResumablePipeline:
+        """The pipeline whose source continues the saved state (a restored checkpoint's), logged where it
+        changed (a mixture's weights); `example`: where this input pipeline's stream resumes."""
+        if self.source_state is None:
+            return self._pipeline
+        saved = self.source_state.numpy().decode()
+        if saved != self._applied:
+            source, message = self._pipeline.source.with_resume_state(saved, example, self._pipeline.resume_margin())
+            if message:
+                logging.warning("%s", message)
+            self._pipeline = self._pipeline.with_source(source)
+            self._applied = source.resume_state()
+            self.source_state.assign(self._applied)
+        return self._pipeline
 
     def _make(self, position: int) -> Any:
         raise NotImplementedError
@@ -153,8 +182,10 @@ class PipelineIterator(_PositionIterator):
     def _make(self, position: int) -> Any:
         if self._windowed is not None:
             start, chunk, skip = self._resume_point()
-            return iter(self._pipeline.build(self._context, start=start, chunk=chunk, skip=skip, with_position=True))
-        return iter(self._pipeline.build(self._context, start=position * self._examples_per_batch))
+            pipeline = self._with_saved_source(start)
+            return iter(pipeline.build(self._context, start=start, chunk=chunk, skip=skip, with_position=True))
+        pipeline = self._with_saved_source(position * self._examples_per_batch)
+        return iter(pipeline.build(self._context, start=position * self._examples_per_batch))
 
 
 class DistributedPipelineIterator(_PositionIterator):
@@ -168,10 +199,14 @@ class DistributedPipelineIterator(_PositionIterator):
         if self._windowed is not None:
             start, chunk, skip = self._resume_point()
             return iter(self._strategy.distribute_datasets_from_function(
-                lambda context: self._pipeline.build(context, start=start, chunk=chunk, skip=skip,
-                                                     with_position=True)))
-        return iter(self._strategy.distribute_datasets_from_function(
-            lambda context: self._pipeline.build(context, start=position * self._pipeline.examples_per_step(context))))
+                lambda context: self._with_saved_source(start).build(context, start=start, chunk=chunk, skip=skip,
+                                                                     with_position=True)))
+
+        def build(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            start = position * self._pipeline.examples_per_step(context)  # the same on every input pipeline
+            return self._with_saved_source(start).build(context, start=start)
+
+        return iter(self._strategy.distribute_datasets_from_function(build))
 
     def _last_position(self, position: Any) -> tuple[int, int, int]:
         """The last replica's: a pipeline's consecutive outputs go to its replicas in turn."""

@@ -19,10 +19,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 from typing import ClassVar, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
+from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.format import DatasetInfo
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions
 from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource
@@ -73,10 +76,23 @@ class MixtureSource(RecordFileSource):
     reshuffle_each_iteration: bool = True
     read: ReadOptions = ReadOptions()
     tokens_per_example: tuple[float, ...] = ()  # weight_by: tokens: each source's measured mean (else empty)
+    # Weights changed on resume: the earlier (start example, example rates) segments; `weights` hold from `since`.
+    earlier: tuple[tuple[int, tuple[float, ...]], ...] = ()
+    since: int = 0
 
     @functools.cached_property
     def schedule(self) -> MixingSchedule:
-        return MixingSchedule(tuple(float(w) for w in self.weights), self.seed)
+        """The schedule of the weights in force now (from `since`)."""
+        return self._schedule(len(self.earlier))
+
+    def _schedule(self, segment: int) -> MixingSchedule:
+        weights = self.earlier[segment][1] if segment < len(self.earlier) else self.weights
+        # Segment 0 keeps data.seed itself; a later one folds its start in (a fresh order from there).
+        seed = self.seed if segment == 0 else source_seed(self.seed, f"segment@{self._starts()[segment]}")
+        return MixingSchedule(tuple(float(w) for w in weights), seed)
+
+    def _starts(self) -> list[int]:
+        return [start for start, _ in self.earlier] + [self.since]
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -114,32 +130,96 @@ class MixtureSource(RecordFileSource):
             dataclasses.replace(single, seed=source_seed(read.seed, part.name)))) for part in self.parts)
         return dataclasses.replace(self, parts=parts, read=single)
 
-    def positions(self, context: tf.distribute.InputContext) -> MixturePositions:
-        """The schedule with each source's end on this input pipeline (None: it repeats)."""
-        totals = tuple(None if part.exhausted == "repeat" else self._length(part, context) for part in self.parts)
-        return MixturePositions(self.schedule, totals, tuple(part.exhausted == "stop" for part in self.parts))
+    def _totals(self, context: tf.distribute.InputContext) -> list[Optional[int]]:
+        return [None if part.exhausted == "repeat" else self._length(part, context) for part in self.parts]
+
+    def positions(self, context: tf.distribute.InputContext, segment: Optional[int] = None,
+                  base: Optional[Sequence[int]] = None) -> MixturePositions:
+        """The schedule of `segment` (default: the weights in force now) with each source's end on this
+        input pipeline (None: it repeats), less what it delivered before the segment (`base`)."""
+        segment = len(self.earlier) if segment is None else segment
+        base = base if base is not None else [0] * len(self.parts)
+        totals = tuple(None if total is None else max(0, total - taken)
+                       for total, taken in zip(self._totals(context), base))
+        return MixturePositions(self._schedule(segment), totals, tuple(part.exhausted == "stop" for part in self.parts))
+
+    def _bases(self, context: tf.distribute.InputContext) -> list[np.ndarray]:
+        """What each source had delivered when each segment of weights began."""
+        starts = self._starts()
+        bases = [np.zeros(len(self.parts), np.int64)]
+        for segment in range(len(starts) - 1):
+            positions = self.positions(context, segment, bases[-1])
+            bases.append(bases[-1] + positions.taken(positions.locate(starts[segment + 1] - starts[segment])))
+        return bases
 
     def delivered_per_source(self, context: tf.distribute.InputContext, delivered: int) -> list[int]:
         """Examples each source delivered once the mixture delivered `delivered` (all of this input pipeline)."""
-        positions = self.positions(context)
-        return positions.taken(positions.locate(delivered)).tolist()
+        starts, bases = self._starts(), self._bases(context)
+        segment = max(k for k, start in enumerate(starts) if start <= delivered or k == 0)
+        positions = self.positions(context, segment, bases[segment])
+        return (bases[segment] + positions.taken(positions.locate(max(0, delivered - starts[segment])))).tolist()
 
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
         return self.build_from(context, 0)
 
     def build_from(self, context: tf.distribute.InputContext, delivered: int) -> tf.data.Dataset:
-        """The mixed records of this input pipeline after its first `delivered`, exactly the rest of the stream."""
-        positions = self.positions(context)
-        choice = positions.locate(delivered)
-        taken = positions.taken(choice)
-        streams = [self._stream(index, part, context, int(taken[index]), positions.totals[index])
+        """The mixed records of this input pipeline after its first `delivered`, exactly the rest of the
+        stream: each segment of weights from where the stream is in it, up to where the next begins."""
+        starts, bases = self._starts(), self._bases(context)
+        first = max(k for k, start in enumerate(starts) if start <= delivered or k == 0)
+        pieces = []
+        for segment in range(first, len(starts)):
+            offset = max(0, delivered - starts[segment])
+            piece = self._segment(context, segment, bases[segment], offset)
+            if segment + 1 < len(starts):
+                piece = piece.take(starts[segment + 1] - max(delivered, starts[segment]))
+            pieces.append(piece)
+        mixed = pieces[0]
+        for piece in pieces[1:]:
+            mixed = mixed.concatenate(piece)
+        return mixed
+
+    def _segment(self, context: tf.distribute.InputContext, segment: int, base: np.ndarray,
+                 offset: int) -> tf.data.Dataset:
+        """Segment `segment`'s mixed records after its first `offset`, every source after `base` + its share."""
+        positions = self.positions(context, segment, base)
+        choice = positions.locate(offset)
+        taken = base + positions.taken(choice)
+        totals = self._totals(context)
+        streams = [self._stream(index, part, context, int(taken[index]), totals[index])
                    for index, part in enumerate(self.parts)]
-        choices = self.schedule.choices(choice)
+        choices = positions.schedule.choices(choice)
         if positions.end is not None:
             choices = choices.take(max(0, positions.end - choice))
         # A dropped source's choices past its end are passed over (stop_on_empty_dataset=False): the
         # others' weights renormalized. A `stop` source ends the mixture at its first choice past its end.
         return tf.data.Dataset.choose_from_datasets(streams, choices, stop_on_empty_dataset=False)
+
+    # What a checkpoint keeps beside the input position: the weights in force and since when (a few numbers).
+    def resume_state(self) -> Optional[str]:
+        segments = [[start, list(weights)] for start, weights in self.earlier] + [[self.since, list(self.weights)]]
+        return json.dumps({"names": list(self.names), "segments": segments,
+                           "configured": [part.weight for part in self.parts]})
+
+    def with_resume_state(self, state: str, example: int, margin: int) -> tuple["MixtureSource", Optional[str]]:
+        """This mixture continuing a saved one whose stream is at `example`: the saved weights up to
+        `example + margin` (what a window in flight still needs), this config's from there; and a line
+        saying what changed (None: nothing)."""
+        saved = json.loads(state)
+        if saved["names"] != list(self.names):
+            raise ConfigError(f"data.mixture: the checkpoint mixes {saved['names']}, this config {list(self.names)}; "
+                              "keep the sources and their order to resume (set a weight to 0 to leave one out)")
+        segments = [(int(start), tuple(float(w) for w in weights)) for start, weights in saved["segments"]]
+        configured = [part.weight for part in self.parts]
+        if tuple(segments[-1][1]) == tuple(self.weights):
+            return dataclasses.replace(self, earlier=tuple(segments[:-1]), since=segments[-1][0]), None
+        switch = max(example + margin, segments[-1][0])
+        change = ", ".join(f"{name} {old:g} -> {new:g}" for name, old, new in zip(self.names, saved["configured"], configured)
+                           if old != new) or "the same configured weights, new measured token rates"
+        message = (f"data.mixture: weights changed since the checkpoint ({change}); they take effect at example "
+                   f"{switch:,} of this input pipeline's stream (example {example:,} now, the window in flight finishes "
+                   "with the old ones); every source continues where it stopped")
+        return dataclasses.replace(self, earlier=tuple(segments), since=switch), message
 
     def _length(self, part: MixturePart, context: tf.distribute.InputContext) -> int:
         length = part.source.epoch_length(context)

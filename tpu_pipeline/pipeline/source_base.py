@@ -86,6 +86,16 @@ class Source:
         """A seekable source's stream after its first `start` elements (see `seekable`)."""
         raise NotImplementedError(f"{type(self).__name__} is not seekable")
 
+    def resume_state(self) -> Optional[str]:
+        """What a checkpoint must keep of this source beside the input position (a mixture: its weights and
+        since when, a few numbers as text); None for a source the position alone places."""
+        return None
+
+    def with_resume_state(self, state: str, example: int, margin: int) -> tuple["Source", Optional[str]]:
+        """This source continuing a saved one (`resume_state()` then) whose stream is at `example`; what may
+        still come from before within `margin` examples; and a line to log when something changed."""
+        return self, None
+
 
 class RecordFileSource(Source):
     """Base of the sources that read serialized records from TFRecord files with `read` (a dataclass field)."""
