@@ -80,7 +80,7 @@ def test_positions_of_sources_that_end_match_a_replay(weights, seed, totals, sto
     stops = tuple(index == stop for index in range(k))
     positions = MixturePositions(schedule, ends, stops)
     delivered, taken, position = [], [0] * k, 0
-    for source in replay(schedule, 0, 12 * SMALL_BLOCK):
+    for source in replay(schedule, 0, 64 * SMALL_BLOCK):  # long enough for 41 choices of a quota of 1
         if taken[source] >= ends[source]:
             if stops[source]:
                 break
@@ -192,6 +192,8 @@ def data_config(text: str) -> DataConfig:
     ("source: {type: tfrecord, dir: d}\nmixture: {sources: [{name: a, weight: 1, source: {dir: d}}]}",
      "give exactly one of data.source .* or data.mixture .*; both are set"),
     ("mixture: {sources: [{name: a, weight: 1, source: {files: 'x/*'}}]}", r"sources\[0\] \(a\): its records need a feature spec"),
+    ("mixture: {sources: [{name: a, weight: 1, source: {dir: d}, preprocess: [{op: truncate, key: t, length: 4}]}]}",
+     r"sources\[0\] \(a\).preprocess: ops on one source of a mixture are not supported yet"),
 ])
 def test_mixture_config_errors_are_one_line(text, message):
     with pytest.raises(ConfigError, match=message):

@@ -30,8 +30,9 @@ from tpu_pipeline.format import DatasetInfo
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions
 from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource
 from tpu_pipeline.pipeline.stage_base import StageContext
-from tpu_pipeline.pipeline.stages import Shuffle
+from tpu_pipeline.pipeline.stages import WindowShuffle
 
+SOURCE_BLOCK = 256  # records per element each source reads when the plan reads single records
 SOURCE_KEY = "_source"  # the feature each mixed example carries: its source's index in data.mixture.sources
 EXHAUSTED = ("repeat", "drop", "stop")
 
@@ -76,6 +77,7 @@ class MixtureSource(RecordFileSource):
     reshuffle_each_iteration: bool = True
     read: ReadOptions = ReadOptions()
     tokens_per_example: tuple[float, ...] = ()  # weight_by: tokens: each source's measured mean (else empty)
+    tag_records: bool = True  # append each record's source tag (SOURCE_KEY); False spares the copy it costs
     # Weights changed on resume: the earlier (start example, example rates) segments; `weights` hold from `since`.
     earlier: tuple[tuple[int, tuple[float, ...]], ...] = ()
     since: int = 0
@@ -124,11 +126,13 @@ class MixtureSource(RecordFileSource):
         return False
 
     def with_read(self, read: ReadOptions) -> "MixtureSource":
-        # Every source reads single records (the mixture chooses record by record), with a seed of its own.
-        single = dataclasses.replace(read, keep_blocks=False, cache_records=False)
+        # Every source reads blocks of records (the mixture lays them out a block at a time), with a seed of
+        # its own; the mixture yields its blocks (`keep_blocks`) or single records, as the plan asks.
+        blocks = dataclasses.replace(read, keep_blocks=True, cache_records=False,
+                                     record_block=read.record_block or SOURCE_BLOCK)
         parts = tuple(dataclasses.replace(part, source=part.source.with_read(
-            dataclasses.replace(single, seed=source_seed(read.seed, part.name)))) for part in self.parts)
-        return dataclasses.replace(self, parts=parts, read=single)
+            dataclasses.replace(blocks, seed=source_seed(read.seed, part.name)))) for part in self.parts)
+        return dataclasses.replace(self, parts=parts, read=dataclasses.replace(read, cache_records=False))
 
     def _totals(self, context: tf.distribute.InputContext) -> list[Optional[int]]:
         return [None if part.exhausted == "repeat" else self._length(part, context) for part in self.parts]
@@ -171,29 +175,74 @@ class MixtureSource(RecordFileSource):
         for segment in range(first, len(starts)):
             offset = max(0, delivered - starts[segment])
             piece = self._segment(context, segment, bases[segment], offset)
-            if segment + 1 < len(starts):
-                piece = piece.take(starts[segment + 1] - max(delivered, starts[segment]))
+            if segment + 1 < len(starts):  # the old weights only up to where the new ones begin
+                piece = piece.unbatch().take(starts[segment + 1] - max(delivered, starts[segment])).batch(SOURCE_BLOCK)
             pieces.append(piece)
         mixed = pieces[0]
         for piece in pieces[1:]:
             mixed = mixed.concatenate(piece)
-        return mixed
+        return mixed if self.read.keep_blocks else mixed.unbatch()
 
     def _segment(self, context: tf.distribute.InputContext, segment: int, base: np.ndarray,
                  offset: int) -> tf.data.Dataset:
-        """Segment `segment`'s mixed records after its first `offset`, every source after `base` + its share."""
+        """Segment `segment`'s mixed records after its first `offset`, as vectors: one per block of the schedule.
+
+        Block b takes the next quota[i] records of every source i in one vector each (`rebatch`), and
+        lays them out in the block's order with one gather: position p gets the k-th record of its
+        source when it is that source's k-th choice in the block, exactly as choosing record by record
+        would, at a cost per block instead of per record. A source with fewer left (drop) leaves its
+        later choices out; a `stop` source's first choice past its end cuts the block and ends it all.
+        """
         positions = self.positions(context, segment, base)
-        choice = positions.locate(offset)
-        taken = base + positions.taken(choice)
+        schedule = positions.schedule
+        block, within = divmod(positions.locate(offset), schedule.block)
+        taken = base + positions.taken(block * schedule.block)
         totals = self._totals(context)
-        streams = [self._stream(index, part, context, int(taken[index]), totals[index])
-                   for index, part in enumerate(self.parts)]
-        choices = positions.schedule.choices(choice)
-        if positions.end is not None:
-            choices = choices.take(max(0, positions.end - choice))
-        # A dropped source's choices past its end are passed over (stop_on_empty_dataset=False): the
-        # others' weights renormalized. A `stop` source ends the mixture at its first choice past its end.
-        return tf.data.Dataset.choose_from_datasets(streams, choices, stop_on_empty_dataset=False)
+        quotas = schedule.quotas
+        empty = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string)).repeat()
+        vectors = []
+        for index, part in enumerate(self.parts):
+            if quotas[index] == 0:
+                vectors.append(empty)
+                continue
+            records = self._stream(index, part, context, int(taken[index]), totals[index])
+            vectors.append(records.rebatch(int(quotas[index])).concatenate(empty))
+        stops = tf.constant([part.exhausted == "stop" for part in self.parts])
+        live = tf.constant(quotas > 0)
+        tags = tf.constant([source_tag(index) for index in range(len(self.parts))])
+        size = schedule.block
+        tagging = self.tag_records
+
+        def mix(number: tf.Tensor, parts: tuple) -> tuple:
+            choices = schedule._block_tensor(number)
+            order = tf.argsort(choices, stable=True)  # positions by source, then by position
+            starts = tf.cumsum(tf.constant(quotas, tf.int64), exclusive=True)
+            rank = tf.scatter_nd(order[:, None], tf.range(size, dtype=tf.int64) - tf.gather(starts, tf.gather(choices, order)),
+                                 [size])  # k: position p is its source's k-th choice in the block
+            available = tf.stack([tf.shape(part, out_type=tf.int64)[0] for part in parts])
+            present = rank < tf.gather(available, choices)
+            short_stop = tf.logical_and(tf.logical_not(present), tf.gather(stops, choices))
+            cut = tf.where(tf.reduce_any(short_stop), tf.argmax(short_stop, output_type=tf.int64), size)
+            where = tf.range(size, dtype=tf.int64)
+            first = tf.where(tf.equal(number, block), tf.constant(within, tf.int64), 0)
+            keep = present & (where < cut) & (where >= first)
+            at = tf.gather(tf.cumsum(available, exclusive=True), choices) + rank
+            records = tf.gather(tf.concat(parts, 0), tf.boolean_mask(at, keep))
+            if not tagging:  # the tag costs a copy of every record: made only where it is read
+                return records, cut < size, tf.logical_not(tf.reduce_any(tf.logical_and(live, available > 0)))
+            tagged = tf.strings.join([records, tf.gather(tags, tf.boolean_mask(choices, keep))])
+            finished = tf.logical_not(tf.reduce_any(tf.logical_and(live, available > 0)))
+            return tagged, cut < size, finished
+
+        numbered = tf.data.Dataset.zip((tf.data.Dataset.range(block, (1 << 62) // size), tf.data.Dataset.zip(tuple(vectors))))
+        mixed = numbered.map(mix, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+        def running(ended: tf.Tensor, element: tuple) -> tuple:
+            records, cut, finished = element
+            return tf.logical_or(ended, cut), (records, tf.logical_or(ended, finished))
+
+        mixed = mixed.scan(tf.constant(False), running).take_while(lambda records, done: tf.logical_not(done))
+        return mixed.map(lambda records, done: records).filter(lambda records: tf.size(records) > 0)
 
     # What a checkpoint keeps beside the input position: the weights in force and since when (a few numbers).
     def resume_state(self) -> Optional[str]:
@@ -230,11 +279,12 @@ class MixtureSource(RecordFileSource):
 
     def _stream(self, index: int, part: MixturePart, context: tf.distribute.InputContext, taken: int,
                 total: Optional[int]) -> tf.data.Dataset:
-        """Source `index` after its first `taken` examples: its epochs (each with its file order and record
-        shuffle) from epoch taken // L, the first taken % L records of that one skipped; tagged."""
+        """Source `index` after its first `taken` records, as vectors of records: its epochs (each with its
+        file order and window shuffle) from epoch taken // L, the first taken % L records of that one cut off."""
         length = self._length(part, context)
         first, skip = divmod(taken, length)
-        shuffle = Shuffle(self.shuffle_buffer, source_seed(self.seed, part.name), self.reshuffle_each_iteration)
+        shuffle = WindowShuffle(self.shuffle_buffer, source_seed(self.seed, part.name), self.reshuffle_each_iteration,
+                                num_parallel_calls="autotune", deterministic=True)
 
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
             records = part.source.build(context, epoch)
@@ -242,11 +292,20 @@ class MixtureSource(RecordFileSource):
                 records = shuffle.apply(records, StageContext(context, epoch=epoch))
             return records
 
-        tag = tf.constant(source_tag(index))
         if total is not None and taken >= total:
-            records = tf.data.Dataset.from_tensors(tf.constant(b"")).take(0)
-        elif part.exhausted == "repeat":
-            records = tf.data.Dataset.range(first, 1 << 62).flat_map(one_epoch).skip(skip)
-        else:
-            records = one_epoch(tf.constant(0, tf.int64)).skip(skip)
-        return records.map(lambda record: tf.strings.join([record, tag]))
+            return tf.data.Dataset.from_tensors(tf.zeros([0], tf.string)).take(0)
+        if part.exhausted == "repeat":
+            return skip_records(tf.data.Dataset.range(first, 1 << 62).flat_map(one_epoch), skip)
+        return skip_records(one_epoch(tf.constant(0, tf.int64)), skip)
+
+
+def skip_records(vectors: tf.data.Dataset, count: int) -> tf.data.Dataset:
+    """A stream of record vectors without its first `count` records (whole vectors dropped, one cut)."""
+    if not count:
+        return vectors
+
+    def cut(remaining: tf.Tensor, vector: tf.Tensor) -> tuple:
+        dropped = tf.minimum(remaining, tf.shape(vector, out_type=tf.int64)[0])
+        return remaining - dropped, vector[dropped:]
+
+    return vectors.scan(tf.constant(count, tf.int64), cut).filter(lambda vector: tf.size(vector) > 0)

@@ -102,8 +102,7 @@ def make_plan(config: DataConfig, source: Source, prefix: str = "data") -> Plan:
     cache = _record_cache(config, source, files, parse.value, shuffle.value, data_bytes, prefix)
     order = _order(config, source, files, prefix)
     features = _features(config, source, parse.value, prefix)
-    # Batches are cut straight from blocks; a mixture chooses record by record, so it yields single ones.
-    keep_blocks = parse.value == "batched" and shuffle.value != "stream" and config.mixture is None
+    keep_blocks = parse.value == "batched" and shuffle.value != "stream"  # batches are cut straight from blocks
     read = _read_options(config, block.value, keep_blocks, cache.value, order.value)
     origin = f"from {config.source.dir}/metadata.json" if getattr(config.source, "dir", None) else "listed from the source"
     return Plan(
@@ -183,7 +182,7 @@ def _shuffle(config: DataConfig, parse: str, prefix: str) -> Decision:
     if not config.shuffle.enabled:
         return Decision("off", f"{prefix}.shuffle.enabled=false")
     if config.mixture is not None:
-        return Decision("off", f"{prefix}.mixture: each source shuffles its own records (a buffer of "
+        return Decision("off", f"{prefix}.mixture: each source shuffles its own records (windows of "
                                f"{config.shuffle.buffer_size} each) before the mixing, so a resume positions each alone")
     batched = parse == "batched"
     mode = config.shuffle.mode

@@ -1,0 +1,146 @@
+"""A mixture of three sources against one source, and against tf.data's own mixer, side by side.
+
+    .venv/bin/python benchmarks/bench_mixture.py --rounds 3 --seconds 2
+    .venv/bin/python benchmarks/bench_mixture.py --workload text@1024 --shuffle off
+
+The sequence benchmark's files (benchmarks/sequence_workloads.py: 4 shards of tf.Examples with one
+`tokens` feature) are read as one source, or as three (shards 0-1, 2 and 3, weights 0.5/0.3/0.2),
+packed into rows (data.sequence pack, truncate) and batched by 64, on one input pipeline:
+
+  one source            data.source: all four shards (the plan's own choices: window shuffle)
+  ours mixture (3)      data.mixture of the three, our schedule (each source shuffles its own records)
+  sample_from_datasets  the same three sources, read and shuffled alike, mixed by tf.data's own
+                        `tf.data.Dataset.sample_from_datasets(weights=..., seed=...)` instead of ours;
+                        everything else (parse, pack, batch) the same pipeline
+
+Throughput: non-padding tokens per second and per CPU-second, ratios within a round (median and
+worst over rounds). Shares: the first --records records of each mixer's stream, by the source tag
+every record carries: the delivered example shares, and the largest gap between a source's share
+and its weight over every prefix of at least 1,000 records (ours is stratified: within a block's
+quota; tf.data draws each choice independently).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import sequence_workloads  # noqa: E402
+from bench_sequences import BATCH, KEY, WORKLOADS, count_segments, measure  # noqa: E402
+from tpu_pipeline.config import config_from_dict  # noqa: E402
+from tpu_pipeline.pipeline import Pipeline  # noqa: E402
+from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY, MixtureSource, source_seed, source_tag  # noqa: E402
+
+WEIGHTS = (0.5, 0.3, 0.2)
+GROUPS = ((0, 1), (2,), (3,))  # shards of each source
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledMixture(MixtureSource):
+    """Our mixture's sources (read, shuffled and tagged alike), mixed by tf.data's sample_from_datasets."""
+
+    def build_from(self, context: tf.distribute.InputContext, delivered: int) -> tf.data.Dataset:
+        assert delivered == 0, "sample_from_datasets resumes only by tf.data's own iterator checkpoint"
+        streams = []
+        for index, part in enumerate(self.parts):
+            tag = tf.constant(source_tag(index))
+            records = self._stream(index, part, context, 0, None).unbatch()  # tf.data's mixer takes single records
+            streams.append(records.map(lambda record, tag=tag: tf.strings.join([record, tag])))
+        return tf.data.Dataset.sample_from_datasets(streams, weights=list(self.weights),
+                                                    seed=source_seed(self.seed, "sample_from_datasets"))
+
+
+def shard_files(directory: str, shards: tuple[int, ...]) -> list[str]:
+    names = sorted(name for name in os.listdir(directory) if name.startswith("train-"))
+    return [os.path.join(directory, names[index]) for index in shards]
+
+
+def configs(directory: str, length: int, shuffle: bool) -> tuple[dict, dict]:
+    common = {"features": {KEY: {"dtype": "int64", "kind": "ragged"}},
+              "sequence": {"keys": [KEY], "length": length, "mode": "pack", "overflow": "truncate"},
+              "batch_size": BATCH, "repeat": "forever",
+              "shuffle": {"buffer_size": 4096} if shuffle else {"enabled": False}}
+    one = {"data": {"source": {"type": "tfrecord", "files": shard_files(directory, (0, 1, 2, 3))}, **common}}
+    sources = [{"name": f"part{index}", "weight": weight, "source": {"type": "tfrecord", "files": shard_files(directory, group)}}
+               for index, (weight, group) in enumerate(zip(WEIGHTS, GROUPS))]
+    mixed = {"data": {"mixture": {"sources": sources}, **common}}
+    return one, mixed
+
+
+def pipelines(one: dict, mixed: dict) -> dict:
+    mixed_config = config_from_dict(mixed).data
+    ours = Pipeline.from_config(mixed_config)
+    theirs = ours.with_source(SampledMixture(**{field.name: getattr(ours.source, field.name)
+                                                for field in dataclasses.fields(MixtureSource)}))
+    untagged = ours.with_source(dataclasses.replace(ours.source, tag_records=False))
+    return {"one source": lambda: Pipeline.from_config(config_from_dict(one).data).build(),
+            "ours mixture (3)": ours.build,
+            "ours untagged": untagged.build,
+            "sample_from_datasets": theirs.build}, ours.source, theirs.source
+
+
+def shares(source: MixtureSource, records: int) -> dict:
+    """Delivered example shares of a mixer's first `records` records, and the worst prefix gap."""
+    spec = {SOURCE_KEY: tf.io.FixedLenFeature([], tf.int64)}
+    stream = source.build_from(tf.distribute.InputContext(), 0)
+    stream = stream.unbatch() if stream.element_spec.shape.rank == 1 else stream
+    tags = np.concatenate([tf.io.parse_example(block, spec)[SOURCE_KEY].numpy() for block in
+                           stream.take(records).batch(8192)])
+    counts = np.cumsum(np.eye(len(WEIGHTS), dtype=np.int64)[tags], axis=0)
+    prefix = np.arange(1, len(tags) + 1)[:, None]
+    gaps = np.abs(counts / prefix - np.asarray(WEIGHTS))[999:]
+    return {"shares": (counts[-1] / len(tags)).tolist(), "worst_gap": float(gaps.max()),
+            "worst_gap_examples": float((np.abs(counts - prefix * np.asarray(WEIGHTS))[999:]).max())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="long@1024", choices=sorted(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--shuffle", choices=("on", "off"), default="on")
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--cache_dir", default=None)
+    args = parser.parse_args()
+    name, length = WORKLOADS[args.workload]
+    meta = sequence_workloads.ensure(name, args.cache_dir)
+    one, mixed = configs(meta["dir"], length, args.shuffle == "on")
+    table, ours, theirs = pipelines(one, mixed)
+    names = list(table)
+    print(f"== {args.workload}: {meta['lengths']['examples']} examples in 4 shards; sources {GROUPS} weights {WEIGHTS}; "
+          f"pack to {length}, batches of {BATCH}; shuffle {args.shuffle} ==", flush=True)
+    rounds = []
+    for index in range(args.rounds):
+        order = names[index % len(names):] + names[:index % len(names)]
+        results = {pipeline: measure(table[pipeline], count_segments, args.warmup, args.seconds) for pipeline in order}
+        rounds.append(results)
+        print(f"  round {index + 1}: " + ", ".join(f"{n} {results[n]['tok_s'] / 1e6:.2f}" for n in names)
+              + " M non-padding tokens/s", flush=True)
+    print(f"{'pipeline':22s} {'Mtok/s':>7s} {'Mtok/CPU-s':>10s} {'tok/s ÷ one':>12s} {'tok/CPU-s ÷ one':>16s}")
+    for pipeline in names:
+        med = lambda field: statistics.median(r[pipeline][field] for r in rounds)  # noqa: E731
+        cells = []
+        for field in ("tok_s", "tok_cpu_s"):
+            ratios = [r[pipeline][field] / r["one source"][field] for r in rounds]
+            cells.append(f"{statistics.median(ratios):.3f} ({min(ratios):.3f})")
+        print(f"{pipeline:22s} {med('tok_s') / 1e6:7.2f} {med('tok_cpu_s') / 1e6:10.2f} {cells[0]:>12s} {cells[1]:>16s}")
+    print("(ours untagged: the same mixture without the source tag appended to each record, which costs a copy)")
+    for label, source in (("ours mixture (3)", ours), ("sample_from_datasets", theirs)):
+        found = shares(source, args.records)
+        print(f"{label:22s} shares {', '.join(f'{s:.4f}' for s in found['shares'])} of {args.records:,} records (weights "
+              f"{WEIGHTS}); worst gap over prefixes >= 1,000: {found['worst_gap']:.4f} "
+              f"({found['worst_gap_examples']:.0f} examples)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
