@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import tempfile
+from typing import Callable, Iterable
 
 from tpu_pipeline.format import read_metadata
 from tpu_pipeline.records.convert import ConvertOptions, convert
@@ -36,15 +37,20 @@ def paragraphs() -> list[str]:
 def ensure_text_demo(cache_dir: str | None = None, out_dir: str | None = None) -> str:
     """Converts the demo text once (train 95%, validation 5% of the paragraphs); returns its directory."""
     out_dir = out_dir or os.path.join(cache_dir or default_cache_dir(), TEXT_DEMO_DIR)
+    return _convert_once(out_dir, "pydoc_topics", paragraphs, "train=0.95,validation=0.05")
+
+
+def _convert_once(out_dir: str, stem: str, documents: Callable[[], Iterable[str]], splits: str) -> str:
+    """`documents()` through the real text converter (byte-level) into `out_dir`, unless it is there already."""
     if read_metadata(out_dir) is not None:
         return out_dir
     os.makedirs(out_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="text-demo-") as scratch:
-        path = os.path.join(scratch, f"pydoc_topics_py{sys.version_info.major}.{sys.version_info.minor}.jsonl")
+    with tempfile.TemporaryDirectory(prefix=f"{stem}-") as scratch:
+        path = os.path.join(scratch, f"{stem}_py{sys.version_info.major}.{sys.version_info.minor}.jsonl")
         with open(path, "w", encoding="utf-8") as handle:
-            for paragraph in paragraphs():
-                handle.write(json.dumps({"text": paragraph}) + "\n")
-        source = TextSource([path], splits="train=0.95,validation=0.05", seed=0, tokenizer="bytes", text_field="text")
+            for document in documents():
+                handle.write(json.dumps({"text": document}) + "\n")
+        source = TextSource([path], splits=splits, seed=0, tokenizer="bytes", text_field="text")
         convert(source, out_dir, ConvertOptions(min_shards=4, progress=False))
     return out_dir
 
@@ -69,15 +75,10 @@ def ensure_code_demo(cache_dir: str | None = None, out_dir: str | None = None) -
     """Converts the code demo once (each standard-library module a document, all in split train):
     a second corpus beside the text demo, for the mixture example. Returns its directory."""
     out_dir = out_dir or os.path.join(cache_dir or default_cache_dir(), CODE_DEMO_DIR)
-    if read_metadata(out_dir) is not None:
-        return out_dir
-    os.makedirs(out_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="code-demo-") as scratch:
-        path = os.path.join(scratch, f"stdlib_py{sys.version_info.major}.{sys.version_info.minor}.jsonl")
-        with open(path, "w", encoding="utf-8") as handle:
-            for module in code_files():
-                with open(module, encoding="utf-8", errors="replace") as source:
-                    handle.write(json.dumps({"text": source.read()}) + "\n")
-        source = TextSource([path], splits="train=1", seed=0, tokenizer="bytes", text_field="text")
-        convert(source, out_dir, ConvertOptions(min_shards=4, progress=False))
-    return out_dir
+
+    def modules() -> Iterable[str]:
+        for module in code_files():
+            with open(module, encoding="utf-8", errors="replace") as source:
+                yield source.read()
+
+    return _convert_once(out_dir, "stdlib", modules, "train=1")
