@@ -169,3 +169,25 @@ def test_a_run_resumed_with_new_weights_resumes_again_exactly(corpora, tmp_path)
         again = Pipeline.from_config(new).iterator()
         tf.train.Checkpoint(data=again).read(path).assert_consumed()
         assert same(run(again, 6), rest[name]), name
+
+
+def test_the_mixture_example_config_runs_on_the_built_in_corpora(tmp_path, monkeypatch):
+    """configs/text_lm_mixture.yaml: both corpora built on first use (HOME moved here), token weights met."""
+    import os
+
+    from tpu_pipeline.config import load_config
+    from tpu_pipeline.demo import ensure_builtin_data
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("TPU_PIPELINE_CACHE", raising=False)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "text_lm_mixture.yaml")
+    ensure_builtin_data(yaml.safe_load(open(path)))
+    pipeline = Pipeline.from_config(load_config(path).data)
+    weights = [part.weight for part in pipeline.source.parts]
+    tokens = pipeline.source.tokens_per_example
+    # Example rates ∝ token weight / tokens per example: the long code documents are chosen far less often.
+    rates = np.asarray(pipeline.source.weights)
+    assert np.allclose(rates * np.asarray(tokens) / np.sum(rates * np.asarray(tokens)), np.asarray(weights) / sum(weights))
+    assert rates[1] < rates[0] / 10
+    batch = next(iter(pipeline.build()))
+    assert batch[0]["inputs"].shape == (16, 256)
