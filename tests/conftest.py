@@ -71,6 +71,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         os.replace(handle.name, path)  # whole before this worker reports its collection
 
 
+# In-process files heavy enough to be units of their own (~a quarter of the in-process time): the worker
+# of the slow tests takes them while the other runs the rest, so the two finish together.
+_OWN_UNITS = {"tests/test_train.py", "tests/test_named_data_errors.py"}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist") != "loadgroup":
@@ -78,7 +83,8 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class InProcessTogether(LoadScopeScheduling):
-        """Units of work: all tests not marked slow as one (sent first: the largest), each slow test by itself."""
+        """Units of work: the tests not marked slow as one (sent first: the largest), but for `_OWN_UNITS`,
+        one unit per file; each slow test by itself."""
 
         slow: Optional[set] = None
 
@@ -87,6 +93,9 @@ def pytest_xdist_make_scheduler(config, log):
                 with open(os.environ[_SLOW_TESTS_ENV]) as handle:
                     self.slow = set(handle.read().splitlines())
                 os.remove(handle.name)
-            return nodeid if nodeid in self.slow else "in_process"
+            if nodeid in self.slow:
+                return nodeid
+            module = nodeid.split("::")[0]
+            return module if module in _OWN_UNITS else "in_process"
 
     return InProcessTogether(config, log)
