@@ -17,7 +17,6 @@ then go through the one parse of the pipeline (batched or per example), unchange
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 from typing import ClassVar, Optional, Sequence
@@ -81,11 +80,6 @@ class MixtureSource(RecordFileSource):
     # Weights changed on resume: the earlier (start example, example rates) segments; `weights` hold from `since`.
     earlier: tuple[tuple[int, tuple[float, ...]], ...] = ()
     since: int = 0
-
-    @functools.cached_property
-    def schedule(self) -> MixingSchedule:
-        """The schedule of the weights in force now (from `since`)."""
-        return self._schedule(len(self.earlier))
 
     def _schedule(self, segment: int) -> MixingSchedule:
         weights = self.earlier[segment][1] if segment < len(self.earlier) else self.weights
@@ -155,13 +149,6 @@ class MixtureSource(RecordFileSource):
             positions = self.positions(context, segment, bases[-1])
             bases.append(bases[-1] + positions.taken(positions.locate(starts[segment + 1] - starts[segment])))
         return bases
-
-    def delivered_per_source(self, context: tf.distribute.InputContext, delivered: int) -> list[int]:
-        """Examples each source delivered once the mixture delivered `delivered` (all of this input pipeline)."""
-        starts, bases = self._starts(), self._bases(context)
-        segment = max(k for k, start in enumerate(starts) if start <= delivered or k == 0)
-        positions = self.positions(context, segment, bases[segment])
-        return (bases[segment] + positions.taken(positions.locate(max(0, delivered - starts[segment])))).tolist()
 
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
         return self.build_from(context, 0)
