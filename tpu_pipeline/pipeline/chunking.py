@@ -63,14 +63,15 @@ def overflow_check(counts: tf.Tensor, keys: Sequence[str], limits: Sequence[int]
 
 
 def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], lengths: Mapping[str, int],
-                overflow: str, start_example: int, start_chunk: int) -> Features:
+                overflow: str, start_example: int, start_chunk: int, carried: Sequence[str] = ()) -> Features:
     """One block of examples (numbered from `first_example`) → its chunks, in stream order.
 
     `split`: example e becomes ceil(longest key / its length) chunks, chunk c holding tokens
     [c × length_k, (c + 1) × length_k) of every key k (the keys' chunks stay aligned); `truncate`:
     its head only; `error`: its head, after checking it is the whole. An example with no token
     in any key makes no chunk. Chunks before (`start_example`, `start_chunk`) are dropped (a
-    resume that starts inside a document).
+    resume that starts inside a document). `carried`: per-example features ([n], e.g. a mixture's
+    source) each chunk keeps a copy of.
     """
     limits = [int(lengths[key]) for key in keys]
     ragged = [block[key] for key in keys]
@@ -88,6 +89,7 @@ def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], 
     dropped = tf.reduce_sum(1 - tf.cast(keep, tf.int64))  # a resume inside a document: its first chunks
     example, chunk, number = (t[dropped:] for t in (example, chunk, number))
     out: Features = {EXAMPLE: number, CHUNK: chunk}
+    out.update({name: tf.gather(block[name], example) for name in carried})
     for key, r, length in zip(keys, ragged, limits):
         skipped = chunk * length
         size = tf.clip_by_value(tf.gather(tf.cast(r.row_lengths(), tf.int64), example) - skipped, 0, length)
@@ -104,7 +106,7 @@ def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], 
 
 
 def chunk_stream(dataset: tf.data.Dataset, keys: Sequence[str], lengths: Mapping[str, int], overflow: str,
-                 start_example: int = 0, start_chunk: int = 0) -> tf.data.Dataset:
+                 start_example: int = 0, start_chunk: int = 0, carried: Sequence[str] = ()) -> tf.data.Dataset:
     """`dataset`'s examples (single, or blocks) as blocks of chunks numbered from `start_example`.
 
     `dataset` must start at example `start_example` of the stream; its first `start_chunk` chunks
@@ -120,4 +122,4 @@ def chunk_stream(dataset: tf.data.Dataset, keys: Sequence[str], lengths: Mapping
     # One scan step per block (not per example): the block's first example number.
     numbered = blocks.scan(tf.constant(start_example, tf.int64), number)
     return numbered.map(lambda first, block: chunk_block(block, first, kept, lengths, overflow, start_example,
-                                                         start_chunk), name="chunk")
+                                                         start_chunk, carried), name="chunk")

@@ -25,7 +25,7 @@ See benchmarks/bench_packing.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -87,8 +87,9 @@ def _check_lengths(key: str, counts: tf.Tensor, limit: int) -> Optional[tf.Opera
     return tf.debugging.Assert(longest <= limit, [message])
 
 
-def _items(counts: tf.Tensor, starts: tf.Tensor, limits: tf.Tensor, split: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """What gets placed: (sizes [N, K], source starts [N, K]) in window order.
+def _items(counts: tf.Tensor, starts: tf.Tensor, limits: tf.Tensor,
+           split: bool) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """What gets placed: (sizes [N, K], source starts [N, K], example [N]) in window order.
 
     An item is an example (its head, when truncating) or, with `split`, one chunk of it: chunk c
     holds tokens [c * length_k, (c + 1) * length_k) of every key k, so the keys' chunks stay aligned
@@ -102,7 +103,7 @@ def _items(counts: tf.Tensor, starts: tf.Tensor, limits: tf.Tensor, split: bool)
     example, chunk = expand_counts(chunks)
     skipped = chunk[:, None] * limits[None, :]
     sizes = tf.clip_by_value(tf.gather(counts, example) - skipped, 0, limits[None, :])
-    return sizes, tf.gather(starts, example) + skipped
+    return sizes, tf.gather(starts, example) + skipped, example
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +172,7 @@ def _as_ragged(key: str, tokens: Any) -> tf.RaggedTensor:
 
 def pack_window(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int],
                 algorithm: str = "first_fit_decreasing", overflow: str = "truncate",
-                jit_compile: bool = True) -> dict[str, tf.Tensor]:
+                jit_compile: bool = True, carried: Sequence[str] = ()) -> dict[str, tf.Tensor]:
     """Packs one window of examples into rows; TF ops only, for a `dataset.map` or eager use.
 
     `window[k]`: a RaggedTensor [W, None] per key of `lengths` (the same W for all). An example fits
@@ -196,6 +197,10 @@ def pack_window(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int
     with 0), and per row the METADATA ints ([R]; keys start with "_"). `jit_compile`: run the
     sequential placement loop under XLA (same result; False for a TensorFlow build without XLA).
     A window's tokens are indexed in int32: under 2**31 tokens per key per window.
+
+    `carried`: per-example integer features of the window ([W] each, e.g. a mixture's source), each
+    returned as [R, length of the first key]: its example's value on every token of the segment, -1
+    on padding (so a row says, token by token, where its tokens came from).
     """
     check_packing(lengths, algorithm, overflow)
     keys = list(lengths)
@@ -207,16 +212,22 @@ def pack_window(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int
     checks = [_check_lengths(k, counts[:, i], limit_list[i]) for i, k in enumerate(keys)] if overflow == "error" else []
     with tf.control_dependencies(checks):
         limits = tf.constant(limit_list, tf.int32)
-        sizes, sources = _items(counts, starts, limits, overflow == "split")
+        sizes, sources, example = _items(counts, starts, limits, overflow == "split")
     order = placement_order(sizes, weights, algorithm != "first_fit")
-    sizes, sources = tf.gather(sizes, order), tf.gather(sources, order)
+    sizes, sources, example = tf.gather(sizes, order), tf.gather(sources, order), tf.gather(example, order)
     rows = place(sizes, limits, tf.constant(weights, tf.int64), algorithm == "best_fit_decreasing", jit_compile)
     layout = _layout(rows)
-    sizes, sources = tf.gather(sizes, layout.group), tf.gather(sources, layout.group)
+    sizes, sources, example = (tf.gather(t, layout.group) for t in (sizes, sources, example))
     out: dict[str, tf.Tensor] = {}
     for i, key in enumerate(keys):
         out[key], out[f"{key}_segment_ids"], out[f"{key}_positions"] = _rows_of_key(
             ragged[key].values, sources[:, i], sizes[:, i], layout, limit_list[i], sum(limit_list))
+    if carried:  # grouped item of (row r, segment s): the row's first item + s - 1
+        segments = out[f"{keys[0]}_segment_ids"]
+        item = _exclusive_cumsum(layout.per_row)[:, None] + tf.maximum(segments - 1, 0)
+        for name in carried:
+            values = tf.gather(tf.gather(window[name], example), item)
+            out[name] = tf.where(segments > 0, values, tf.constant(-1, values.dtype))
     examples = tf.shape(counts)[0]
     num_rows = layout.num_rows
     out[ROW_EXAMPLES] = layout.per_row
@@ -266,6 +277,7 @@ class Packer(Stage):
     deterministic: Optional[bool] = None
     metadata: bool = False
     jit_compile: bool = True  # XLA for the placement loop; False runs it on TF's executor (~5x slower)
+    carried: tuple[str, ...] = ()  # per-example int features carried to their tokens (pack_window's `carried`)
 
     def __post_init__(self) -> None:
         check_packing(self.lengths, self.algorithm, self.overflow)
@@ -278,7 +290,7 @@ class Packer(Stage):
         if not isinstance(spec, Mapping):
             raise ConfigError(f"packing needs dict elements of token features, but this dataset yields {spec}")
         for key in spec:
-            if key not in self.lengths:
+            if key not in self.lengths and key not in self.carried:
                 raise ConfigError(f"feature '{key}' is not in sequence.keys: a packed row has no place for it; "
                                   "drop it with an op or add it to sequence.keys")
         ranks = set()
@@ -303,8 +315,8 @@ class Packer(Stage):
         return rank
 
     def pack(self, window: Mapping[str, tf.RaggedTensor]) -> dict[str, tf.Tensor]:
-        rows = pack_window(window, self.lengths, self.algorithm, self.overflow, self.jit_compile)
-        return rows if self.metadata else {k: v for k, v in rows.items() if not k.startswith("_")}
+        rows = pack_window(window, self.lengths, self.algorithm, self.overflow, self.jit_compile, self.carried)
+        return rows if self.metadata else {k: v for k, v in rows.items() if not k.startswith("_") or k in self.carried}
 
     def apply(self, dataset: tf.data.Dataset, context: Optional[StageContext] = None) -> tf.data.Dataset:
         windows = dataset.ragged_batch(self.window) if self.check_spec(dataset.element_spec) == 1 else dataset

@@ -27,6 +27,7 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message
+from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY
 from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields
@@ -183,16 +184,18 @@ class PackRows(Windowed):
     def check_features(self, spec: Mapping[str, Any]) -> None:
         # One line naming a feature that would ride along in a row, or a missing or misshapen key.
         given = all(key in spec for key in self.keys) and is_block(spec, self.keys)
-        self._packer(given).check_spec(spec)
+        dataclasses.replace(self._packer(given), carried=carried_keys(spec)).check_spec(spec)
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         self.check_features(dataset.element_spec)
         keys, skip = list(self.keys), context.skip
-        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk)
-        packer = dataclasses.replace(self._packer(), overflow="truncate")  # chunks fit their rows already
+        carried = carried_keys(dataset.element_spec)
+        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk, carried)
+        # Chunks fit their rows already; a mixture's source goes to every token of its segment.
+        packer = dataclasses.replace(self._packer(), overflow="truncate", carried=carried)
 
         def pack(window: Features) -> Features:
-            rows = packer.pack({key: window[key] for key in keys})
+            rows = packer.pack({key: window[key] for key in [*keys, *carried]})
             return {**rows, EXAMPLE: window[EXAMPLE][0], CHUNK: window[CHUNK][0]}
 
         calls = tune(self.num_parallel_calls)
@@ -219,6 +222,11 @@ class PackRows(Windowed):
         pools = packed.ragged_batch(self.row_shuffle) if self.row_shuffle > 1 else packed
         pools = pools.map(pool, name="row_pool").unbatch()
         return pools.skip(skip) if skip else pools
+
+
+def carried_keys(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The per-example features a packed row carries token by token: a mixture's source tag, when parsed."""
+    return (SOURCE_KEY,) if SOURCE_KEY in spec else ()
 
 
 def bucket_batches(bucket_lengths: Sequence[int], global_batch_size: int, context: tf.distribute.InputContext,

@@ -86,6 +86,12 @@ class Source:
         """A seekable source's stream after its first `start` elements (see `seekable`)."""
         raise NotImplementedError(f"{type(self).__name__} is not seekable")
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The named sources this one mixes, in data.mixture.sources order (each example's `_source` indexes
+        them); () for a single source."""
+        return ()
+
     def resume_state(self) -> Optional[str]:
         """What a checkpoint must keep of this source beside the input position (a mixture: its weights and
         since when, a few numbers as text); None for a source the position alone places."""

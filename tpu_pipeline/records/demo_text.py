@@ -20,7 +20,7 @@ from tpu_pipeline.records.text_input import TextSource
 from tpu_pipeline.system import default_cache_dir
 
 TEXT_DEMO_DIR = os.path.join("demo_text", "v1")  # under the cache; configs/text_lm.yaml names it
-CODE_DEMO_DIR = os.path.join("demo_code", "v1")  # ... and configs/text_lm_mixture.yaml this one too
+CODE_DEMO_DIR = os.path.join("demo_code", "v2")  # ... and configs/text_lm_mixture.yaml this one too
 CODE_DEMO_BYTES = 1 << 20  # the standard library's first modules (by name) up to ~1 MB of source
 
 
@@ -72,7 +72,7 @@ def code_files() -> list[str]:
 
 
 def ensure_code_demo(cache_dir: str | None = None, out_dir: str | None = None) -> str:
-    """Converts the code demo once (each standard-library module a document, all in split train):
+    """Converts the code demo once (each standard-library module a document; a tenth of them in split validation):
     a second corpus beside the text demo, for the mixture example. Returns its directory."""
     out_dir = out_dir or os.path.join(cache_dir or default_cache_dir(), CODE_DEMO_DIR)
 
@@ -81,4 +81,4 @@ def ensure_code_demo(cache_dir: str | None = None, out_dir: str | None = None) -
             with open(module, encoding="utf-8", errors="replace") as source:
                 yield source.read()
 
-    return _convert_once(out_dir, "stdlib", modules, "train=1")
+    return _convert_once(out_dir, "stdlib", modules, "train=0.9,validation=0.1")

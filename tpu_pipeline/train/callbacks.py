@@ -10,6 +10,7 @@ import tensorflow as tf
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.model.tasks import Task, task_named
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter
+from tpu_pipeline.train.mixture_report import shares_line
 from tpu_pipeline.train.preemption import PreemptionFlag
 from tpu_pipeline.train.run_files import RunFiles
 
@@ -75,8 +76,11 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     def __init__(self, global_batch_size: int, every: int, meter: Optional[InputWaitMeter] = None,
                  total_steps: Optional[int] = None, printer: Callable[[str], None] = print,
                  epochs_total: Optional[int] = None, tokens: Optional[Any] = None,
-                 task: Optional[Task] = None) -> None:
+                 task: Optional[Task] = None, sources: Optional[Any] = None, mixture: Optional[Any] = None) -> None:
         super().__init__()
+        self.sources = sources  # a SourceMeter on a mixture's training pipeline, and its config: shares per epoch
+        self.mixture = mixture
+        self._sources_mark = sources.totals() if sources is not None else None
         self.task = task or task_named("classification")  # its `reported` names the figures of each line
         self.epochs_total = epochs_total
         self.tokens = tokens  # a TokenMeter on the training pipeline (data.sequence): tokens/s and non-padding
@@ -124,6 +128,16 @@ class ProgressLogger(tf_keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         self._epoch_mark = self.clock.snapshot()
+        if self.sources is not None:
+            self._sources_mark = self.sources.totals()
+
+    def _source_shares(self) -> str:
+        """The epoch's delivered shares by source beside the weights (a mixture), or ''."""
+        if self.sources is None:
+            return ""
+        (examples, tokens), (examples0, tokens0) = self.sources.totals(), self._sources_mark
+        return " | " + shares_line(self.mixture, [a - b for a, b in zip(examples, examples0)],
+                                   [a - b for a, b in zip(tokens, tokens0)])
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         """One Keras-style line per epoch: train and validation metrics, the rate and input wait of its steps."""
@@ -134,7 +148,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         total = f"/{self.epochs_total}" if self.epochs_total else ""
         line = f"epoch {epoch + 1}{total}: {train}"
         line += f" | {validation}" if validation else ""
-        self.printer(f"{line} | {self._since(self._epoch_mark)}")
+        self.printer(f"{line} | {self._since(self._epoch_mark)}{self._source_shares()}")
 
     def step_seconds(self) -> float:
         """Seconds spent in the timed training steps (metrics.json's step_seconds)."""

@@ -35,7 +35,8 @@ from tpu_pipeline.train.callbacks import ProgressLogger, TrainState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
-from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
+from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures, shares_line
+from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_source_meter, with_token_meter
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition
 
 # What a collective raises when a peer worker died or hung up.
@@ -131,6 +132,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     meter = InputWaitMeter()
 
     train_pipeline, tokens = with_token_meter(train_pipeline)
+    train_pipeline, by_source = with_source_meter(train_pipeline)
     windowed = train_pipeline.windowed
     # Through data.service no host sees the stream's windows (the service decides which worker makes
     # which row), so there a windowed stream restarts as an image stream does, at a data epoch's start.
@@ -150,15 +152,19 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             lambda context: metered(train_pipeline.build(context, start=step * train_pipeline.examples_per_step(context)), meter)
         )
 
+    def exact_evaluation(evaluated: Config) -> tuple[Any, int, Pipeline]:
+        """evaluated.eval_data's distributed dataset, its steps and its pipeline. Exact: every example of one
+        pass once, the last batch padded with zero-weight examples."""
+        pipeline = Pipeline.from_config(evaluated.eval_data, target=target, prefix="eval_data",
+                                        num_classes=config.train.num_classes, vocab=config_vocabulary(config))
+        check_eval_feeds_the_model(config, input_shape, pipeline)
+        pipeline = pipeline.for_evaluation()
+        eval_steps = config.train.eval_steps or pipeline.evaluation_steps(cluster.num_replicas, cluster.num_hosts)
+        return pipeline.distribute(cluster.strategy), eval_steps, pipeline
+
     eval_dataset, validation_steps, eval_pipeline = None, None, None
     if config.eval_data is not None:
-        eval_pipeline = Pipeline.from_config(config.eval_data, target=target, prefix="eval_data",
-                                             num_classes=config.train.num_classes, vocab=config_vocabulary(config))
-        check_eval_feeds_the_model(config, input_shape, eval_pipeline)
-        # Exact: every example of one pass once, the last batch padded with zero-weight examples.
-        eval_pipeline = eval_pipeline.for_evaluation()
-        eval_dataset = eval_pipeline.distribute(cluster.strategy)
-        validation_steps = config.train.eval_steps or eval_pipeline.evaluation_steps(cluster.num_replicas, cluster.num_hosts)
+        eval_dataset, validation_steps, eval_pipeline = exact_evaluation(config)
 
     model = _model_for(config, cluster, train_pipeline, input_shape, steps, model_fn)
     state = TrainState(task_named(config.train.task))
@@ -200,7 +206,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {where}")
 
     progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs,
-                              tokens=tokens, task=state.task)
+                              tokens=tokens, task=state.task, sources=by_source, mixture=train_data.mixture)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
     with PreemptionFlag(agreement) as preemption:
         checkpointer = TimedCheckpointer(files, state, steps, plan=saves, preemption=preemption, printer=printer,
@@ -267,6 +273,10 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         "cluster": {"kind": cluster.kind, "replicas": cluster.num_replicas, "hosts": cluster.num_hosts},
         "history": history,
     }
+    if by_source is not None:  # a mixture: what the batches held of each source, beside its weight
+        metrics["mixture"] = mixture_figures(train_data.mixture, *by_source.totals(), counted_from_step=resumed_from)
+        printer("trained on " + shares_line(train_data.mixture, *by_source.totals())
+                + f" (from step {resumed_from}; all counts: 'mixture' in {metrics_path(run_dir)})")
     skipped = {p.skipped.section: p.skipped.as_dict() for p in (train_pipeline, eval_pipeline) if p and p.skipped}
     if skipped:
         metrics["skipped"] = skipped  # data.on_error=skip: records left out, by kind and file
@@ -280,9 +290,20 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             raise _explained(config, error) from None
         metrics.update(state.task.evaluation_figures(evaluation))  # eval_loss: the weighted cross-entropy
         metrics["eval_examples"] = None if config.train.eval_steps else eval_pipeline.source.count_examples()
+        if config.eval_data.mixture is not None:
+            def evaluate(evaluated: Config) -> dict[str, float]:
+                dataset, eval_steps, _ = exact_evaluation(evaluated)
+                try:
+                    figures = model.evaluate(dataset, steps=eval_steps, verbose=0, return_dict=True)
+                except _DATA_ERRORS as error:
+                    raise _explained(config, error) from None
+                return state.task.evaluation_figures(figures)
+
+            metrics["eval_by_source"] = evaluate_by_source(config, evaluate, printer)
     files.write_metrics(metrics)
     printer("final: " + ", ".join(
-        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items() if k not in ("cluster", "history", "skipped")
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
+        if k not in ("cluster", "history", "skipped", "mixture", "eval_by_source")
     ))
     if cluster.is_chief:
         where = [f"metrics {metrics_path(run_dir)}", f"checkpoints {files.checkpoint_dir}"]

@@ -1,0 +1,67 @@
+"""What `train` says of a mixture: the rates each source was delivered at, beside its weight, and loss per source.
+
+The counts come from a `SourceMeter` on the training pipeline (each example carries its source,
+`_source`, up to the outputs), so they are what the batches held, not what the weights asked for.
+Evaluation per source runs the evaluation mixture once per source with the other weights at 0: the
+same records, parse, preprocessing and packing as the mixture's, one source at a time.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from tpu_pipeline.config import Config
+from tpu_pipeline.config.mixture import MixtureConfig
+
+
+def configured_shares(mixture: MixtureConfig) -> list[float]:
+    """The config's weights as shares of their sum."""
+    total = sum(entry.weight for entry in mixture.sources)
+    return [entry.weight / total for entry in mixture.sources]
+
+
+def _shares(counts: Sequence[int]) -> list[Optional[float]]:
+    total = sum(counts)
+    return [count / total if total else None for count in counts]
+
+
+def shares_line(mixture: MixtureConfig, examples: Sequence[int], tokens: Sequence[int]) -> str:
+    """One compact phrase for a progress line: the delivered shares of what the weights are shares of
+    (tokens or examples), each beside its weight, e.g. 'tokens by source: docs 0.702 (0.7), code 0.298 (0.3)'."""
+    by_tokens = mixture.weight_by == "tokens" and sum(tokens) > 0
+    counts = tokens if by_tokens else examples
+    delivered = _shares(counts)
+    parts = [f"{entry.name} {'-' if share is None else f'{share:.3f}'} ({weight:.3g})"
+             for entry, share, weight in zip(mixture.sources, delivered, configured_shares(mixture))]
+    return f"{'tokens' if by_tokens else 'examples'} by source: " + ", ".join(parts)
+
+
+def mixture_figures(mixture: MixtureConfig, examples: Sequence[int], tokens: Sequence[int],
+                    counted_from_step: int) -> dict[str, Any]:
+    """metrics.json's `mixture`: per source its weight (a share), the examples and real tokens the training
+    batches held and their shares (pack mode: examples are segments, a document longer than a row counting
+    once per piece), counted from `counted_from_step` (where this process started or resumed)."""
+    example_shares, token_shares = _shares(examples), _shares(tokens)
+    sources = {}
+    for index, (entry, weight) in enumerate(zip(mixture.sources, configured_shares(mixture))):
+        sources[entry.name] = {"weight": weight, "examples": int(examples[index]), "tokens": int(tokens[index]),
+                               "example_share": example_shares[index], "token_share": token_shares[index]}
+    return {"weight_by": mixture.weight_by, "counted_from_step": counted_from_step, "sources": sources}
+
+
+def one_source(config: Config, index: int) -> Config:
+    """`config` with eval_data's mixture weighing source `index` only (the others at 0: never chosen)."""
+    mixture = config.eval_data.mixture
+    sources = [entry.model_copy(update={"weight": 1.0 if at == index else 0.0}) for at, entry in enumerate(mixture.sources)]
+    eval_data = config.eval_data.model_copy(update={"mixture": mixture.model_copy(update={"sources": sources})})
+    return config.model_copy(update={"eval_data": eval_data})
+
+
+def evaluate_by_source(config: Config, evaluate: Callable[[Config], dict[str, float]],
+                       printer: Callable[[str], None]) -> dict[str, dict[str, float]]:
+    """eval_data a mixture: `evaluate(config)` (train's exact evaluation of config.eval_data, its
+    `eval_*` figures) once per source; printed in one line, returned by source name."""
+    mixture = config.eval_data.mixture
+    figures = {entry.name: evaluate(one_source(config, index)) for index, entry in enumerate(mixture.sources)}
+    printer("evaluation by source: " + ", ".join(
+        f"{name} eval_loss {values['eval_loss']:.4f}" for name, values in figures.items()))
+    return figures
