@@ -69,7 +69,9 @@ def padded_evaluation(pipeline: PipelineT) -> PipelineT:
         source = source.with_read(dataclasses.replace(source.read, cover_all=True, sharding=sharding))
     unpadded = parts.replaced(batch=dataclasses.replace(parts.batch, drop_remainder=False))
     share = source.epoch_length
-    if parts.windowed is not None:
+    # Rows of a packed pass, or the examples of a source with no epochs of its own (a mixture: its
+    # sources end their own ways), are counted by one pass.
+    if parts.windowed is not None or source.seekable:
         share = _CountedRows(dataclasses.replace(pipeline, source=source, stages=unpadded.stages))
     pad = PadToSteps(parts.batch.global_batch_size, share)
     return dataclasses.replace(pipeline, source=source, stages=unpadded.inserted(pad, after="outputs").stages)
