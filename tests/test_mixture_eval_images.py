@@ -87,11 +87,6 @@ def test_a_packed_mixture_evaluates_every_document_of_its_pass_once_in_the_steps
             assert len(counts) <= sum(COUNTS.values())
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason=(
-    "tpu_pipeline/pipeline/evaluation.py padded_evaluation (line 71): share = source.epoch_length, and "
-    "MixtureSource.epoch_length is always None (mixture_source.py), so PadToSteps.steps raises 'exact evaluation "
-    "needs a source that knows its size per input pipeline' for a mixture that ends (examples, pad mode); the "
-    "share of a mixture is source.positions(context).length"))
 @pytest.mark.parametrize("exhausted", [("drop", "drop", "drop"), ("stop", "drop", "stop")], ids=["drop", "stop"])
 def test_a_mixture_of_examples_evaluates_every_example_of_its_pass_once_in_the_steps_it_counts(corpora, exhausted):
     pipeline = Pipeline.from_config(eval_config(corpora, exhausted), prefix="eval_data").for_evaluation()
