@@ -190,3 +190,19 @@ def test_token_weights_say_the_example_share_they_became(corpora):
     assert abs(share - 0.2) > 0.001  # the documents differ in length: the example rate moved
     with pytest.raises(ConfigError, match=rf"weight 0.2 by tokens, {share:.1%} of the examples"):
         check_mixture_length(pipeline, delivered(pipeline) + 1)
+
+
+def test_train_refuses_the_run_before_its_first_step(sources, tmp_path):
+    """Through `train` itself: the one line, before any step (so no checkpoint claims a half epoch)."""
+    from tpu_pipeline.config import config_from_dict
+    from tpu_pipeline.model import tf_keras
+    from tpu_pipeline.train import train
+
+    data = config(sources).model_dump(mode="json", exclude_unset=True)
+    data["outputs"] = {"inputs": "id", "targets": "id"}
+    run = config_from_dict({"data": data, "train": {"epochs": 1, "steps_per_epoch": 1000, "num_classes": 100,
+                                                   "run_dir": str(tmp_path / "run"), "tensorboard": False}})
+    model = lambda input_shape, num_classes: tf_keras.Sequential([tf_keras.layers.Dense(num_classes)])  # noqa: E731
+    with pytest.raises(ConfigError, match=r"^data\.mixture\.sources\[2\] \(books\): its 20 records"):
+        train(run, model_fn=model, printer=lambda line: None)
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -15,7 +15,7 @@ from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline.builder import Pipeline
-from tpu_pipeline.pipeline.efficiency import source_counts
+from tpu_pipeline.pipeline.source_meter import source_counts
 from tpu_pipeline.records.writer import write_split
 
 NAMES = ("web", "code", "books")
@@ -158,3 +158,39 @@ def test_train_reports_what_each_source_delivered_and_eval_loss_by_source(corpor
     assert metrics["eval_loss"] == pytest.approx(mixed, rel=1e-4)
     assert len({round(by_source[name]["eval_loss"], 4) for name in NAMES}) == 3  # three different sources
     assert any(line.startswith("evaluation by source: web eval_loss") for line in lines), lines
+
+
+def test_doctor_shows_the_delivered_shares_beside_the_weights(corpora):
+    from tpu_pipeline.bench.doctor import diagnose
+
+    config = DataConfig.model_validate(yaml.safe_load(yaml.safe_dump(data_section(corpora, "pad"))), context={"prefix": "data"})
+    diagnosis = diagnose(config, batches=4, repeats=1, measure_tuned=False)
+    counts = diagnosis.sources["counts"]
+    assert [counts[name]["weight"] for name in NAMES] == pytest.approx(WEIGHTS)
+    assert sum(counts[name]["examples"] for name in NAMES) >= 4 * 8  # at least the timed batches' rows
+    # pad mode, every source repeating: the first n examples hold exactly the schedule's counts at n
+    delivered = sum(counts[name]["examples"] for name in NAMES)
+    schedule = Pipeline.from_config(config).source.positions(tf.distribute.InputContext())
+    assert [counts[name]["examples"] for name in NAMES] == schedule.taken(delivered).tolist()
+    assert "  examples by source: web " in diagnosis.table() and "(0.5)" in diagnosis.table()
+    assert diagnosis.as_dict()["sources"] == counts
+
+
+def test_demo_and_bench_print_the_shares_of_a_mixture(corpora, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "mixture.yaml"
+    path.write_text(yaml.safe_dump({"data": data_section(corpora, "pack")}))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for command in (["demo", "--steps", "5", "--warmup", "1"],
+                    ["bench", "--steps", "5", "--repeats", "1", "--warmup", "1", "--noceilings", "--json", str(tmp_path / "b.json")]):
+        result = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *command, "--config", str(path)], cwd=repo,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        line = next(line for line in result.stdout.splitlines() if "examples by source: " in line)
+        assert "web " in line and "(0.5)" in line and "books " in line and "(0.2)" in line, line
+    sources = json.loads((tmp_path / "b.json").read_text())["sources"]
+    assert set(sources) == set(NAMES) and sum(part["token_share"] for part in sources.values()) == pytest.approx(1.0)

@@ -33,6 +33,7 @@ from tpu_pipeline.config.data import DataConfig, ServiceConfig, TFRecordSourceCo
 from tpu_pipeline.config.loader import apply_overrides
 from tpu_pipeline.ops import get_op
 from tpu_pipeline.pipeline import Pipeline, Plan
+from tpu_pipeline.pipeline.source_meter import mixture_counts, shares_line, with_source_meter
 
 
 NOISE_SHARE = 0.01  # stages below 1% of the per-example work are within measurement noise
@@ -101,6 +102,7 @@ class Diagnosis:
     warmup: int = 0  # batches before the pipeline's timed runs
     first_batch_seconds: Optional[float] = None  # the first of them, alone
     model: Optional[ModelRate] = None  # the config's model on this host (commands/doctor sets it)
+    sources: Optional[dict[str, Any]] = None  # a mixture: the shares its timed batches held (line and counts)
 
     @property
     def fraction_of_limit(self) -> float:
@@ -128,6 +130,7 @@ class Diagnosis:
             "tuned_speedup": self.tuned.examples_per_sec / self.pipeline.examples_per_sec if self.tuned else None,
             "sequence": self.sequence.as_dict() if self.sequence else None,
             "measured": describe(self.pipeline, self.warmup, self.first_batch_seconds),
+            "sources": self.sources["counts"] if self.sources else None,
             "model": self.model.as_dict() if self.model else None,
             "input_to_model_ratio": model_verdict(self.pipeline, self.model)[0] if self.model else None,
         }
@@ -151,6 +154,7 @@ class Diagnosis:
             f"pipeline as configured:    {self.pipeline.examples_per_sec:,.0f} examples/s = {self.fraction_of_limit:.2f} of the limit, "
             f"{self.pipeline.cores_used:.2f} cores, {self.pipeline.cpu_seconds_per_example * 1e6:.1f} us CPU/example",
             f"  measured: {describe(self.pipeline, self.warmup, self.first_batch_seconds)}",
+            *([f"  {self.sources['line']} (weights in brackets)"] if self.sources else []),
         ]
         enough = False
         if self.model is not None:  # first: whether the input's own bottleneck matters at all
@@ -257,8 +261,8 @@ def findings_for(config: DataConfig, plan: Plan, cores: int) -> list[Finding]:
             (f"data.options.private_threadpool_size={cores}", "data.options.max_intra_op_parallelism=1"),
         ))
     records_fit = any("data.cache.records=true" in f.overrides for f in found)
-    if (not config.cache.enabled and config.preprocess and not records_fit
-            and not any(get_op(o.op).random for o in config.preprocess)):
+    if (not config.cache.enabled and config.preprocess and not records_fit and config.mixture is None
+            and not any(get_op(o.op).random for o in config.preprocess)):  # (a mixture caches nothing)
         # The config refuses both caches at once: the record cache, measured to fit in memory, comes
         # first; the examples' cache (decoded, often many times larger) only where it was not proposed.
         found.append(Finding(
@@ -368,8 +372,13 @@ def diagnose(
     stages = stage_costs(config, planned.plan, memory, repeats=repeats)
     ceilings = measure_ceilings(config, cores, records=records, repeats=repeats)
     # Measured as demo and bench measure (bench.measure): all timed batches together, new windows counted.
-    meter = Meter(planned.build(with_position=planned.windowed is not None))
+    metered, by_source = with_source_meter(planned)  # a mixture: the shares its batches hold
+    meter = Meter(metered.build(with_position=planned.windowed is not None))
     runs = measure(None, batches, warmup=WARMUP, repeats=repeats, meter=meter)
+    sources = None
+    if by_source is not None:
+        sources = {"line": shares_line(config.mixture, *by_source.totals()),
+                   "counts": mixture_counts(config.mixture, *by_source.totals())}
     pipeline = aggregate(measure_to_a_new_window(meter, runs, WINDOW_SECONDS))
     findings = findings_for(config, planned.plan, cores)
     tuned = None
@@ -382,7 +391,7 @@ def diagnose(
     bottleneck = _name_bottleneck(stages, ceilings, fraction, findings, speedup)
     sequence = sequence_report(config, planned.plan, pipeline)
     return Diagnosis(cores, planned.plan, pipeline, ceilings, stages, bottleneck, findings, tuned, sequence,
-                     warmup=WARMUP, first_batch_seconds=meter.first_batch_seconds)
+                     warmup=WARMUP, first_batch_seconds=meter.first_batch_seconds, sources=sources)
 
 
 def tune(config: DataConfig, overrides: list[str]) -> DataConfig:

@@ -33,13 +33,14 @@ def run(overrides: Sequence[str]) -> int:
     from tpu_pipeline.bench.measure import Meter, aggregate, available_cores, describe, measure, summarize
     from tpu_pipeline.pipeline import Pipeline
     from tpu_pipeline.pipeline.efficiency import sequence_keys
+    from tpu_pipeline.pipeline.source_meter import mixture_counts, shares_line, with_source_meter
 
     config = getattr(load(overrides), FLAGS.section)
     if config is None:
         raise ConfigError(f"the config has no '{FLAGS.section}' section to benchmark")
     config = config.model_copy(update={"repeat": "forever"})
     cores = available_cores()
-    pipeline = Pipeline.from_config(config)
+    pipeline, sources = with_source_meter(Pipeline.from_config(config))
     dataset = pipeline.build(with_position=pipeline.windowed is not None)
     meter = Meter(dataset)
     runs = measure(dataset, FLAGS.steps, FLAGS.warmup, FLAGS.repeats, meter=meter)
@@ -55,6 +56,9 @@ def run(overrides: Sequence[str]) -> int:
         print(f"  tokens/s            {total.tokens_per_sec:14,.0f}   (real tokens of {key}; padding not counted)")
         print(f"  non-padding         {total.non_padding_fraction:14.1%}   ({total.real_tokens:,} real of {total.token_slots:,} slots "
               f"of '{key}'; data.sequence.mode={mode})")
+    if sources is not None:  # a mixture: the shares its batches held, beside the weights
+        examples, tokens = sources.totals()
+        print(f"  {shares_line(config.mixture, examples, tokens)} (weights in brackets)")
     print(f"  batches/s           {total.batches_per_sec:14,.1f}")
     print(f"  bytes/s             {total.bytes_per_sec / 2**20:14,.1f} MiB")
     print(f"  CPU per example     {total.cpu_seconds_per_example * 1e6:14,.1f} us")
@@ -67,6 +71,8 @@ def run(overrides: Sequence[str]) -> int:
               "measured": measured, "runs": [r.as_dict() for r in runs]}
     if total.non_padding_fraction is not None:
         result["token_key"] = sequence_keys(dataset.element_spec[0] if meter.positioned else dataset.element_spec)[0].name
+    if sources is not None:
+        result["sources"] = mixture_counts(config.mixture, *sources.totals())
     if FLAGS.ceilings:
         ceilings = measure_ceilings(config, cores)
         print(f"  ceiling (a) compute {ceilings.compute_bound:14,.0f}   ({ceilings.one_thread.examples_per_sec:,.0f}/s on one thread x {cores} cores)")

@@ -6,7 +6,8 @@ measure it (`tpu_pipeline.bench.measure`: the same loop, the input pipeline alon
 on the same iterator), and the output says what the figure covers. For a data.sequence config the
 throughput line also gives tokens/s (real tokens of the first token key) and the non-padding
 fraction (real tokens / token slots; `tpu_pipeline.pipeline.efficiency`), and examples/s counts
-real examples (in pack mode, the examples in the rows).
+real examples (in pack mode, the examples in the rows). A mixture also gets the shares each source
+was delivered at, beside the weights (`pipeline.source_meter`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from absl import flags
 from tpu_pipeline.commands._common import load
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.source_meter import shares_line, with_source_meter
 
 flags.DEFINE_integer("steps", 200, "batches to time (after the warm-up)")
 flags.DEFINE_integer("warmup", 20, "batches to skip before timing (fills caches and buffers)")
@@ -30,7 +32,7 @@ def run(overrides: Sequence[str]) -> int:
     config = load(overrides)
     if config.data is None:
         raise ConfigError("the config has no 'data' section to build a pipeline from")
-    pipeline = Pipeline.from_config(config.data)
+    pipeline, sources = with_source_meter(Pipeline.from_config(config.data))
     if FLAGS.explain:
         print("plan (what the pipeline decided, and why):")
         print(pipeline.plan.explain())
@@ -58,5 +60,8 @@ def run(overrides: Sequence[str]) -> int:
         print(f"tokens: {measured.tokens_per_sec:,.0f} tokens/s, non-padding fraction {measured.non_padding_fraction:.3f} "
               f"({measured.real_tokens:,} real tokens of {measured.token_slots:,} slots of '{key}', "
               f"data.sequence.mode={pipeline.sequence_mode})")
+    if sources is not None:  # a mixture: what the batches read held of each source, beside its weight
+        print(f"{shares_line(config.data.mixture, *sources.totals())} (weights in brackets; counted as the batches "
+              "were made, warm-up and prefetched ones included)")
     print("measured: " + describe(measured, FLAGS.warmup, meter.first_batch_seconds))
     return 0

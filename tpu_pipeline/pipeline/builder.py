@@ -362,7 +362,7 @@ class Pipeline:
             source, skipped = without_bad_records(config, source, prefix, num_classes, vocab)
             check_copies_reachable(config, skipped, prefix)
         plan = make_plan(config, source, prefix)
-        if config.mixture is not None and config.mixture.weight_by == "tokens":
+        if config.mixture is not None and config.mixture.weight_by == "tokens" and source.names:  # (not a stand-in)
             source = by_tokens(source, plan.features.value, plan.sequence.value)
         if plan.features.value and isinstance(source, RecordFileSource) and skipped is None:
             check_first_record(source, plan.features.value, prefix)

@@ -33,7 +33,6 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY
 from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
@@ -219,53 +218,3 @@ class TokenMeter(Stage):
 
         return dataset.map(count, name="token_meter")
 
-
-def source_counts(batch: Any, num_sources: int, source_key: str = SOURCE_KEY) -> tuple[tf.Tensor, tf.Tensor]:
-    """(examples [n], real tokens [n]) per source of a batch of a mixture, int64, where `source_key` is
-    each example's source (pad, bucket, no data.sequence: [b]) or each token's (pack: [b, length], -1 on
-    padding). Examples: pack → segments; bucket → rows with `example_mask` 1; else rows. Tokens: those of
-    the first token key (0 without data.sequence)."""
-    leaves = dict(_leaves(batch))
-    source = tf.cast(tf.convert_to_tensor(leaves[source_key]), tf.int32)
-    keys = sequence_keys(batch)
-
-    def per_source(ids: tf.Tensor, weights: Optional[tf.Tensor] = None) -> tf.Tensor:
-        return tf.math.bincount(ids, weights=weights, minlength=num_sources, maxlength=num_sources, dtype=tf.int64)
-
-    if source.shape.rank == 2:  # pack: a source per token
-        real = source >= 0
-        segments = tf.convert_to_tensor(leaves[keys[0].marker]) if keys and keys[0].packed else tf.cast(real, tf.int32)
-        starts = real & tf.not_equal(segments, tf.pad(segments, [[0, 0], [1, 0]], constant_values=-1)[:, :-1])
-        return per_source(tf.boolean_mask(source, starts)), per_source(tf.boolean_mask(source, real))
-    kept = tf.ones_like(source, tf.int64)
-    if EXAMPLE_MASK in leaves:
-        kept = tf.cast(tf.convert_to_tensor(leaves[EXAMPLE_MASK]) > 0, tf.int64)
-    examples = per_source(source, kept)
-    if not keys:
-        return examples, tf.zeros([num_sources], tf.int64)
-    marker = tf.convert_to_tensor(leaves[keys[0].marker])
-    lengths = tf.reduce_sum(tf.cast(_real(marker, keys[0].packed), tf.int64), axis=1) * kept
-    return examples, per_source(source, lengths)
-
-
-class SourceMeter(Stage):
-    """A stage that adds up examples and real tokens per source of a mixture's batches, in host variables
-    (as `TokenMeter` does for all tokens): put before `ToOutputs`, where each example's (or token's)
-    source still is, it gives `train` the rates each source was actually delivered at."""
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self.names = tuple(names)
-        with tf.device("/CPU:0"), tf.init_scope():
-            self.examples = tf.Variable(tf.zeros([len(self.names)], tf.int64), trainable=False, name="source_examples")
-            self.tokens = tf.Variable(tf.zeros([len(self.names)], tf.int64), trainable=False, name="source_tokens")
-
-    def totals(self) -> tuple[list[int], list[int]]:
-        return [int(v) for v in self.examples.numpy()], [int(v) for v in self.tokens.numpy()]
-
-    def apply(self, dataset: tf.data.Dataset, context: Optional[StageContext] = None) -> tf.data.Dataset:
-        def count(batch: Any) -> Any:
-            examples, tokens = source_counts(batch, len(self.names))
-            with tf.control_dependencies([self.examples.assign_add(examples), self.tokens.assign_add(tokens)]):
-                return tf.nest.map_structure(tf.identity, batch)
-
-        return dataset.map(count, name="source_meter")

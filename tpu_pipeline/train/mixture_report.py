@@ -7,45 +7,19 @@ same records, parse, preprocessing and packing as the mixture's, one source at a
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.mixture import MixtureConfig
-
-
-def configured_shares(mixture: MixtureConfig) -> list[float]:
-    """The config's weights as shares of their sum."""
-    total = sum(entry.weight for entry in mixture.sources)
-    return [entry.weight / total for entry in mixture.sources]
-
-
-def _shares(counts: Sequence[int]) -> list[Optional[float]]:
-    total = sum(counts)
-    return [count / total if total else None for count in counts]
-
-
-def shares_line(mixture: MixtureConfig, examples: Sequence[int], tokens: Sequence[int]) -> str:
-    """One compact phrase for a progress line: the delivered shares of what the weights are shares of
-    (tokens or examples), each beside its weight, e.g. 'tokens by source: docs 0.702 (0.7), code 0.298 (0.3)'."""
-    by_tokens = mixture.weight_by == "tokens" and sum(tokens) > 0
-    counts = tokens if by_tokens else examples
-    delivered = _shares(counts)
-    parts = [f"{entry.name} {'-' if share is None else f'{share:.3f}'} ({weight:.3g})"
-             for entry, share, weight in zip(mixture.sources, delivered, configured_shares(mixture))]
-    return f"{'tokens' if by_tokens else 'examples'} by source: " + ", ".join(parts)
+from tpu_pipeline.pipeline.source_meter import mixture_counts
 
 
 def mixture_figures(mixture: MixtureConfig, examples: Sequence[int], tokens: Sequence[int],
                     counted_from_step: int) -> dict[str, Any]:
-    """metrics.json's `mixture`: per source its weight (a share), the examples and real tokens the training
-    batches held and their shares (pack mode: examples are segments, a document longer than a row counting
-    once per piece), counted from `counted_from_step` (where this process started or resumed)."""
-    example_shares, token_shares = _shares(examples), _shares(tokens)
-    sources = {}
-    for index, (entry, weight) in enumerate(zip(mixture.sources, configured_shares(mixture))):
-        sources[entry.name] = {"weight": weight, "examples": int(examples[index]), "tokens": int(tokens[index]),
-                               "example_share": example_shares[index], "token_share": token_shares[index]}
-    return {"weight_by": mixture.weight_by, "counted_from_step": counted_from_step, "sources": sources}
+    """metrics.json's `mixture`: per source what the training batches held (`mixture_counts`), counted from
+    `counted_from_step` (where this process started or resumed)."""
+    return {"weight_by": mixture.weight_by, "counted_from_step": counted_from_step,
+            "sources": mixture_counts(mixture, examples, tokens)}
 
 
 def one_source(config: Config, index: int) -> Config:

@@ -28,15 +28,17 @@ from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
+from tpu_pipeline.pipeline.mixture_check import check_training_mixture
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.pipeline.record_check import config_vocabulary, tf_message
+from tpu_pipeline.pipeline.source_meter import shares_line, with_source_meter
 from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import ProgressLogger, TrainState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
-from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures, shares_line
-from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_source_meter, with_token_meter
+from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
+from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition
 
 # What a collective raises when a peer worker died or hung up.
@@ -129,6 +131,8 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     input_shape = element_shape(train_pipeline, config.train.task)
     steps = config.train.steps_per_epoch or full_batches(train_pipeline, config.data.batch_size, "data", "train.steps_per_epoch")
     epochs = config.train.epochs
+    # A mixture ending through a `stop` source before the run's steps: one line naming the source, not Keras's trace.
+    check_training_mixture(train_pipeline, steps, epochs, cluster.num_hosts, cluster.num_replicas)
     meter = InputWaitMeter()
 
     train_pipeline, tokens = with_token_meter(train_pipeline)

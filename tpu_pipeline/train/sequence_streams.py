@@ -1,4 +1,4 @@
-"""What `train` adds to a stream: a tokens/s meter, a mixture's per-source meter, and the windowed stream through data.service.
+"""What `train` adds to a data.sequence stream: a tokens/s meter, and the windowed stream through data.service.
 
 Both rewrite or rebuild a `Pipeline` without changing what it delivers: the meter is one more stage
 that counts (non-padding tokens), and the service stream restarts where a step count can place it.
@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.efficiency import SourceMeter, TokenMeter, sequence_keys
+from tpu_pipeline.pipeline.efficiency import TokenMeter, sequence_keys
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
 
@@ -30,15 +30,6 @@ def with_token_meter(pipeline: Pipeline) -> tuple[Pipeline, Optional[TokenMeter]
         logging.info("data.service: the outputs keep no <key>_segment_ids or <key>_mask; tokens/s is not measured")
         return pipeline, None
     return pipeline.with_stage(_WholeElements(tokens), after="service"), tokens
-
-
-def with_source_meter(pipeline: Pipeline) -> tuple[Pipeline, Optional[SourceMeter]]:
-    """A mixture's pipeline with a SourceMeter (examples and tokens per source), counted before the
-    outputs pick the model's keys (each example's source goes no further); a single source: unchanged."""
-    if not pipeline.source.names or pipeline.service is not None:
-        return pipeline, None
-    meter = SourceMeter(pipeline.source.names)
-    return pipeline.with_stage(meter, before="outputs"), meter
 
 
 @dataclasses.dataclass(frozen=True)
