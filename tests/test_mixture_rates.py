@@ -22,12 +22,14 @@ NAMES = ("web", "code", "books")
 DOCUMENTS = {"web": 120, "code": 80, "books": 60}
 WEIGHTS = (0.5, 0.3, 0.2)
 VOCAB = 4000
+LENGTHS = ((2, 20), (10, 60), (30, 100))  # tokens per document: each source its own mean
 
 
 def documents(index: int, count: int, seed: int):
     rng = np.random.default_rng(seed * 10 + index)
     for _ in range(count):
-        tokens = (1000 * (index + 1) + rng.integers(0, 1000, size=int(rng.integers(2, 60)))).tolist()
+        shortest, longest = LENGTHS[index]
+        tokens = (1000 * (index + 1) + rng.integers(0, 1000, size=int(rng.integers(shortest, longest)))).tolist()
         feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens))}
         yield tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
@@ -194,3 +196,20 @@ def test_demo_and_bench_print_the_shares_of_a_mixture(corpora, tmp_path):
         assert "web " in line and "(0.5)" in line and "books " in line and "(0.2)" in line, line
     sources = json.loads((tmp_path / "b.json").read_text())["sources"]
     assert set(sources) == set(NAMES) and sum(part["token_share"] for part in sources.values()) == pytest.approx(1.0)
+
+
+def test_weight_by_tokens_holds_the_delivered_token_shares_to_the_weights(corpora):
+    """After packing, over several epochs of every source: the token shares read off the tokens are the
+    weights; with weight_by: examples they are not (the sources' documents differ in mean length)."""
+    for weight_by in ("tokens", "examples"):
+        section = data_section(corpora, "pack")
+        section["mixture"]["weight_by"] = weight_by
+        tokens = np.zeros(3, np.int64)
+        for batch in batches(section, 400):
+            tokens += independent_counts(batch)[1]
+        assert tokens.sum() > 90_000
+        shares = tokens / tokens.sum()
+        if weight_by == "tokens":
+            assert shares == pytest.approx(WEIGHTS, abs=0.01)
+        else:
+            assert np.abs(shares - WEIGHTS).max() > 0.1, shares
