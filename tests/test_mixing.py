@@ -192,8 +192,6 @@ def data_config(text: str) -> DataConfig:
     ("source: {type: tfrecord, dir: d}\nmixture: {sources: [{name: a, weight: 1, source: {dir: d}}]}",
      "give exactly one of data.source .* or data.mixture .*; both are set"),
     ("mixture: {sources: [{name: a, weight: 1, source: {files: 'x/*'}}]}", r"sources\[0\] \(a\): its records need a feature spec"),
-    ("mixture: {sources: [{name: a, weight: 1, source: {dir: d}, preprocess: [{op: truncate, key: t, length: 4}]}]}",
-     r"sources\[0\] \(a\).preprocess: ops on one source of a mixture are not supported yet"),
 ])
 def test_mixture_config_errors_are_one_line(text, message):
     with pytest.raises(ConfigError, match=message):

@@ -251,10 +251,6 @@ class DataConfig(StrictModel):
         """What a mixture cannot do yet, or needs, in one line each."""
         where = f"{prefix}.mixture"
         for index, entry in enumerate(self.mixture.sources):
-            if entry.preprocess:
-                raise ConfigError(f"{where}.sources[{index}] ({entry.name}).preprocess: ops on one source of a mixture "
-                                  f"are not supported yet; convert that source to the shape you need, or put the ops in "
-                                  f"{prefix}.preprocess (they run on every source)")
             if entry.source.dir is None and not (entry.features or self.features):
                 raise ConfigError(f"{where}.sources[{index}] ({entry.name}): its records need a feature spec: "
                                   f"give {prefix}.features, the source's own features, or source.dir")

@@ -24,9 +24,11 @@ class MixtureEntry(StrictModel):
     weight: float = pydantic.Field(description="its share of the mixture (weights are normalized; 0 leaves it out)")
     source: TFRecordSourceConfig = pydantic.Field(description="its records (tfrecord: files or a converted dir)")
     features: dict[str, FeatureConfig] = pydantic.Field(
-        {}, description="its own feature spec, when its records differ from data.features")
+        {}, description="its own feature spec, when its records differ: they are parsed with it instead of "
+        "data.features")
     preprocess: list[OpConfig] = pydantic.Field(
-        [], description="ops on its examples only, before the mixing (e.g. truncate one corpus)")
+        [], description="deterministic ops on its examples only, before the mixing (e.g. truncate one corpus, or "
+        "rename a field so every source comes out with the same features)")
     exhausted: Literal["repeat", "drop", "stop"] = pydantic.Field(
         "repeat", description="at its end: repeat (its next epoch, in a new order), drop (it leaves; the others' "
         "weights are renormalized), stop (the mixture ends: for evaluation)")

@@ -37,6 +37,15 @@ def check_ops(data: Optional["DataConfig"], prefix: str = "data") -> None:
                     f"would freeze one draw for every epoch. Move it to {prefix}.augment (which runs "
                     f"after the cache) or set {prefix}.cache.enabled=false."
                 )
+    for source_index, entry in enumerate(data.mixture.sources if getattr(data, "mixture", None) is not None else []):
+        for index, op in enumerate(entry.preprocess):
+            where = f"{prefix}.mixture.sources[{source_index}].preprocess[{index}]"
+            registered = get_op(op.op, where)
+            registered.check(op.args, where)
+            if registered.random:
+                raise ConfigError(
+                    f"{where}: op '{op.op}' is random; a source's own ops must be deterministic (they bring its "
+                    f"records to the mixture's shape): move it to {prefix}.augment, which runs on every source")
 
 
 def build_ops(ops: Sequence["OpConfig"], where: str = "data.preprocess") -> tuple[list[OpFn], list[bool]]:

@@ -365,7 +365,7 @@ class Pipeline:
         if config.mixture is not None and config.mixture.weight_by == "tokens" and source.names:  # (not a stand-in)
             source = by_tokens(source, plan.features.value, plan.sequence.value)
         if plan.features.value and isinstance(source, RecordFileSource) and skipped is None:
-            check_first_record(source, plan.features.value, prefix)
+            check_first_record(source, plan.features.value, prefix, plan.source_features)
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),
                    check_tpu=target == "tpu", plan=plan, skipped=skipped, config=config, prefix=prefix,
                    num_classes=num_classes, vocab=vocab)

@@ -51,6 +51,9 @@ class Plan:
     ops_batchable: bool = False  # every op works on whole batches (batch-then-parse is possible)
     service: Decision = Decision("off", "data.service.address unset: every stage runs on this host")
     sequence: Decision = Decision(None, "no data.sequence: every feature has a static shape")
+    # A mixture whose sources have features or preprocess ops of their own: each source's parse spec (its
+    # records are parsed, and its ops run, apart before they are stitched back; mixture_parse). () otherwise.
+    source_features: tuple[dict[str, FeatureConfig], ...] = ()
 
     DECISIONS = ("parse", "shuffle", "record_block", "record_cache", "order", "features", "files", "service", "sequence")
 
@@ -112,6 +115,7 @@ def make_plan(config: DataConfig, source: Source, prefix: str = "data") -> Plan:
         data_bytes=data_bytes, ops_batchable=all(registered.batchable for _, _, registered in ops),
         service=_service(config, source, prefix),
         sequence=Decision(*plan_sequence(config, prefix, source, files, _files_bytes)),
+        source_features=_per_source_features(config, source) if parse.value != "none" else (),
     )
 
 
@@ -147,9 +151,12 @@ def _service(config: DataConfig, source: Source, prefix: str) -> Decision:
 
 
 def _ops(config: DataConfig, prefix: str) -> list[tuple[str, str, Any]]:
-    """(config key, op name, registry entry) of every preprocess and augment op."""
+    """(config key, op name, registry entry) of every preprocess and augment op (a mixture's per source too)."""
     sections = [("preprocess", config.preprocess), ("augment", config.augment)]
-    return [(f"{prefix}.{section}[{i}]", op.op, get_op(op.op)) for section, ops in sections for i, op in enumerate(ops)]
+    sections += [(f"mixture.sources[{i}].preprocess", entry.preprocess)
+                 for i, entry in enumerate(config.mixture.sources if config.mixture is not None else [])]
+    return [(f"{prefix}.{section}[{i}]", op.op, get_op(op.op, f"{prefix}.{section}[{i}]"))
+            for section, ops in sections for i, op in enumerate(ops)]
 
 
 def _parse(config: DataConfig, source: Source, ops: list[tuple[str, str, Any]], prefix: str) -> Decision:
@@ -345,6 +352,20 @@ def _read_options(config: DataConfig, record_block: int, keep_blocks: bool, cach
         )
     return ReadOptions(seed=config.seed, record_block=record_block, keep_blocks=keep_blocks,
                        cache_records=cache_records, **knobs)
+
+
+def _per_source_features(config: DataConfig, source: Source) -> tuple[dict[str, FeatureConfig], ...]:
+    """Each source's own parse spec, where some source of the mixture has features or preprocess ops of its
+    own (else ()): its `features` if it gives them (its records differ), else data.features, else its
+    metadata.json's."""
+    if config.mixture is None or not any(entry.features or entry.preprocess for entry in config.mixture.sources):
+        return ()
+    specs = []
+    for entry, part in zip(config.mixture.sources, source.record_sources()):
+        known = {name: spec if isinstance(spec, FeatureConfig) else FeatureConfig(**spec)
+                 for name, spec in (part.info().features or {}).items()}
+        specs.append(dict(entry.features or config.features or known))
+    return tuple(specs)
 
 
 def _mixture_features(config: DataConfig, source: Source, prefix: str) -> Decision:

@@ -8,7 +8,7 @@ the file, the key and the fix.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Sequence, Optional
 
 import tensorflow as tf
 
@@ -42,11 +42,13 @@ def check_features(path: str, record: bytes, features: Mapping[str, Any], prefix
     raise ConfigError(f"{prefix}.features.{found.key}: record 0 of {path} {found.what}; {found.fix}")
 
 
-def check_first_record(source: RecordFileSource, features: Any, prefix: str) -> None:
+def check_first_record(source: RecordFileSource, features: Any, prefix: str, per_source: Sequence[Any] = ()) -> None:
     """The feature spec against the first record found in the first few files (build time, not a trace
-    later): of each source, for a mixture (whose source tag is added in the stream, not stored)."""
-    stored = {key: spec for key, spec in features.items() if key != SOURCE_KEY}
-    for part in source.record_sources():
+    later): of each source, for a mixture (whose source tag is added in the stream, not stored), with its
+    own spec where the plan parses each source apart (`per_source`)."""
+    parts = source.record_sources()
+    for part, spec in zip(parts, per_source or [features] * len(parts)):
+        stored = {key: value for key, value in spec.items() if key != SOURCE_KEY}
         for path in part.tfrecord_files()[:3]:
             record = first_record(path, getattr(part, "compression", ""))
             if record is not None:

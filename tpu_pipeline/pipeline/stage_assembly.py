@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import SEQUENCE_KINDS, DataConfig
 from tpu_pipeline.ops import build_ops
+from tpu_pipeline.pipeline.mixture_parse import source_parser
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.plan import Plan
@@ -87,11 +88,11 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
         seq_ops, seq_random = mode.ops(sequence, batched=True) if mode else ([], [])
         stages.append(MapFeatures(
             ops=pre_ops + aug_ops + seq_ops, random_ops=pre_random + aug_random + seq_random,
-            parse=make_parser(features, batched=True) if features else None, name="parse_batch", **map_args,
+            parse=_parser(config, plan, batched=True, prefix=prefix), name="parse_batch", **map_args,
         ))
         stages += mode.stages(sequence, batch, config.num_parallel_calls, batched=True, seed=config.seed) if mode else []
     else:
-        parse = make_parser(features) if features else None
+        parse = _parser(config, plan, batched=False, prefix=prefix)
         if config.cache.enabled:
             stages.append(MapFeatures(ops=pre_ops, random_ops=pre_random, parse=parse, name="preprocess", **map_args))
             stages.append(Cache.for_config(config, plan, prefix))
@@ -114,3 +115,14 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
     stages.append(Prefetch(config.prefetch))
     stages.append(WithOptions(make_options(config.options.model_copy(update={"deterministic": plan.order.value}))))
     return stages
+
+
+def _parser(config: DataConfig, plan: Plan, batched: bool, prefix: str) -> Any:
+    """The parse of the records: with the plan's features, or (a mixture whose sources have features or ops
+    of their own) each source's records with its own spec and ops, stitched back (mixture_parse)."""
+    features = plan.features.value
+    if plan.source_features:
+        entries = config.mixture.sources
+        ops = [build_ops(entry.preprocess, f"{prefix}.mixture.sources[{i}].preprocess")[0] for i, entry in enumerate(entries)]
+        return source_parser([entry.name for entry in entries], plan.source_features, ops, batched, prefix)
+    return make_parser(features, batched=batched) if features else None
