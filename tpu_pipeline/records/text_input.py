@@ -21,7 +21,6 @@ import collections
 import hashlib
 import json
 import os
-import uuid
 from typing import Any, BinaryIO, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -31,22 +30,16 @@ from absl import logging
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.tokenizer import IdsTokenizer, Tokenizer, load_tokenizer
 from tpu_pipeline.records.convert_input import Encoded, ItemError
+from tpu_pipeline.records.token_records import FEATURE, LONG_DOCUMENT_TOKENS, MAX_RECORD_TOKENS, TokenRecords
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
 from tpu_pipeline.system import local_path
 
 TEXT_SUFFIXES = (".txt",)
 JSON_SUFFIXES = (".jsonl", ".json")
-FEATURE = "tokens"
 _BOM = b"\xef\xbb\xbf"
 _GLOB = set("*?[")
 _OPEN_FILES = 32  # handles the reader keeps open while documents of many files interleave
 Item = tuple[int, bytes]  # (document index, its raw bytes)
-# A document longer than this (in tokens) is far longer than any row a model trains on: convert counts
-# such documents and says what a data.sequence pipeline does with them.
-LONG_DOCUMENT_TOKENS = 65_536
-# The most ids one record holds (--max_record_tokens; 0: a document is one record, however long): 64K ids
-# parse in a few MB, and are longer than any row a model trains on today.
-MAX_RECORD_TOKENS = 65_536
 
 
 def _open(path: str) -> BinaryIO:
@@ -116,11 +109,6 @@ def line_bounds(path: str) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
-def _example(ids: list[int]) -> bytes:
-    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
-    return tf.train.Example(features=tf.train.Features(feature={FEATURE: feature})).SerializeToString()
-
-
 def _stat(path: str) -> tuple[int, int]:
     if "://" in path:
         stat = tf.io.gfile.stat(path)
@@ -152,6 +140,7 @@ class TextSource:
         self.tokenizer: Tokenizer = (
             IdsTokenizer(int(vocab_size)) if ids_field else load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         )
+        self.records = TokenRecords(self.tokenizer, self.max_record_tokens)
         self.seed, self.shuffle = seed, shuffle
         self.fractions = split_fractions(splits)
         self.inputs = [local_path(p, absolute=True) for p in paths]
@@ -290,19 +279,7 @@ class TextSource:
         return content
 
     def _encode_ids(self, ids: list[int], text_bytes: Optional[int]) -> Encoded:
-        """One document's ids (+ EOS) as Examples of at most max_record_tokens ids each (its parts, in
-        order); no ids at all is an empty document, counted."""
-        if not ids:
-            return Encoded((), {"empty": 1})
-        if self.tokenizer.eos_id is not None:
-            ids = ids + [self.tokenizer.eos_id]
-        step = self.max_record_tokens or len(ids)
-        records = tuple(_example(ids[start:start + step]) for start in range(0, len(ids), step))
-        stats = {"documents": 1, "tokens": len(ids), "max_tokens": len(ids),  # max_: the converter keeps the largest
-                 "long_documents": int(len(ids) > LONG_DOCUMENT_TOKENS), "split_documents": int(len(records) > 1)}
-        if text_bytes is not None:
-            stats["text_bytes"] = text_bytes
-        return Encoded(records, stats)
+        return self.records.encode_ids(ids, text_bytes)
 
     def features(self) -> dict[str, dict[str, Any]]:
         return {FEATURE: {"dtype": "int64", "kind": "ragged"}}
@@ -312,38 +289,13 @@ class TextSource:
 
     def split_metadata(self, split: str, shard_stats: list[dict[str, int]]) -> dict[str, Any]:
         """Documents, tokens and text bytes per split, and tokens per shard (to plan packing and steps)."""
-        total = collections.Counter()
-        for stats in shard_stats:
-            total.update(stats)
-        entry = {
-            "num_documents": total["documents"], "num_tokens": total["tokens"], "num_empty": total["empty"],
-            "tokens": [stats.get("tokens", 0) for stats in shard_stats],
-            # Documents over LONG_DOCUMENT_TOKENS (convert warns) and the longest, in tokens.
-            "num_long_documents": total["long_documents"],
-            "longest_document_tokens": max((stats.get("max_tokens", 0) for stats in shard_stats), default=0),
-            # Documents written as several records (over max_record_tokens ids): num_examples counts records.
-            "num_split_documents": total["split_documents"],
-        }
-        if not self.ids_field:
-            entry["num_text_bytes"] = total["text_bytes"]
-        return entry
+        return self.records.split_metadata(shard_stats, with_text=not self.ids_field)
 
     def extra_metadata(self) -> dict[str, Any]:
-        return {"tokenizer": self.tokenizer.describe(), "max_record_tokens": self.max_record_tokens}
+        return self.records.extra_metadata()
 
     def write_files(self, out_dir: str) -> list[str]:
-        """A SentencePiece model is copied next to the shards (temporary file + rename), so the dataset
-        decodes with it after the original file moved; `describe()` names it."""
-        proto = getattr(self.tokenizer, "model_proto", None)
-        name = self.tokenizer.describe().get("model_file")
-        if proto is None or not name:
-            return []
-        path = tf.io.gfile.join(out_dir, name)
-        temp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with tf.io.gfile.GFile(temp, "wb") as handle:
-            handle.write(proto)
-        tf.io.gfile.rename(temp, path, overwrite=True)
-        return [name]
+        return self.records.write_files(out_dir)
 
     def identity(self) -> dict[str, Any]:
         listing = hashlib.sha256(json.dumps([self.files, self.stats]).encode()).hexdigest()
