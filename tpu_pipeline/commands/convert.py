@@ -5,6 +5,13 @@
     tpu-pipeline convert --from numpy arrays.npz --out ds/
     tpu-pipeline convert --from tfds mnist --data_dir ~/tensorflow_datasets --out ds/
     tpu-pipeline convert --from text corpus/*.txt --out ds/ --splits train=0.95,validation=0.05 [--tokenizer spm:m.model]
+    tpu-pipeline convert --from parquet path/to/dataset --text_field text --out ds/     # the hub's Parquet layout
+    tpu-pipeline convert --from parquet path/to/dataset --image_field image --label_field label --out ds/
+    tpu-pipeline convert --from hf path/to/saved_dataset --text_field text --out ds/     # datasets' save_to_disk
+
+--from parquet and --from hf take the splits from the layout (data/train-00000-of-00004.parquet, a split
+folder, the README.md's configs, save_to_disk's dataset_dict.json) and read with pyarrow, a row group per
+task, in parallel.
 
 Then point a config at the result: `data.source: {type: tfrecord, dir: ds/, split: train}`.
 Running the same command again after an interruption finishes the work.
@@ -20,17 +27,26 @@ from tpu_pipeline.commands import _common  # noqa: F401  (defines --workers, sha
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.records.convert import ConvertOptions, ConvertSource, convert
 
-SOURCES = ("image-folder", "csv", "numpy", "tfds", "text")
-TEXT_FLAGS = ("tokenizer", "document_per_line", "text_field", "ids_field", "vocab_size")
+SOURCES = ("image-folder", "csv", "numpy", "tfds", "text", "parquet", "hf")
+TABLES = ("parquet", "hf")
+# Flags of one group of sources only: naming one with another --from is an error, not ignored.
+ONLY = {
+    "document_per_line": ("text",), "tokenizer": ("text", *TABLES), "text_field": ("text", *TABLES),
+    "ids_field": ("text", *TABLES), "vocab_size": ("text", *TABLES),
+    "image_field": TABLES, "label_field": TABLES, "keep_fields": TABLES, "hf_config": TABLES, "shuffle_window_mb": TABLES,
+}
 
 # 'from' is a Python keyword: the flag is read as FLAGS["from"].value.
 flags.DEFINE_enum("from", None, list(SOURCES), "what the input is: an image folder (one sub-folder per class), "
-                  "a CSV file with a header, a .npz file, the name of a prepared TFDS dataset, or text files "
-                  "(.txt, or .jsonl with --text_field/--ids_field; several paths, quoted globs and directories)")
+                  "a CSV file with a header, a .npz file, the name of a prepared TFDS dataset, text files "
+                  "(.txt, or .jsonl with --text_field/--ids_field; several paths, quoted globs and directories), "
+                  "Parquet files (a file, a quoted glob, or a folder in the Hugging Face hub's layout), or hf: a folder "
+                  "written by datasets' save_to_disk")
 flags.DEFINE_string("out", None, "output directory for the shards and metadata.json (local or gs://)")
 flags.DEFINE_string("data_dir", None, "tfds: the data_dir where the dataset is prepared")
 flags.DEFINE_string("splits", None, "image-folder/csv/numpy/text: 'train' or fractions 'train=0.9,validation=0.1' "
-                    "(default train); tfds: 'train,test' or 'train,validation=test' (default: every split)")
+                    "(default train); tfds, parquet, hf: 'train,test' or 'train,validation=test' (default: every split), "
+                    "or fractions of a dataset of one split")
 flags.DEFINE_float("target_shard_mb", 150.0, "target shard size in MB (the TFRecord guidance: 100-200 MB)")
 flags.DEFINE_integer("min_shards", 8, "never fewer shards per split than this (at least one per host reading them)")
 flags.DEFINE_enum("compression", "none", ["none", "GZIP", "ZLIB"], "TFRecord compression", case_sensitive=False)
@@ -43,15 +59,26 @@ flags.DEFINE_boolean("overwrite", False, "replace a finished dataset (or stray s
 flags.DEFINE_integer("seed", 0, "seed of the example order and of the split assignment")
 flags.DEFINE_boolean("shuffle", True, "shuffle the examples before sharding (an image folder lists one class after another)")
 flags.DEFINE_string("label_column", "label", "csv/numpy: the label column or array (string labels become class ids)")
-flags.DEFINE_list("class_names", None, "csv/numpy: class names in id order (default: sorted distinct string labels)")
+flags.DEFINE_list("class_names", None, "csv/numpy/parquet/hf: class names in id order (default: datasets' ClassLabel "
+                  "names, else the sorted distinct string labels)")
 flags.DEFINE_string("columns", None, "csv: column types, e.g. 'age:int64,height:float32,city:string' (default: inferred)")
 flags.DEFINE_list("features", None, "tfds: the features to keep (default: all)")
 flags.DEFINE_string("tokenizer", "bytes", "text: 'bytes' (UTF-8 bytes + 3, 259 ids) or 'spm:path/to/sentencepiece.model' "
                     "(copied into --out as tokenizer.model)")
 flags.DEFINE_boolean("document_per_line", False, "text: each line of a .txt file is a document (default: each file)")
-flags.DEFINE_string("text_field", None, "text: read JSON lines (.jsonl/.json), the document being this field's string")
+flags.DEFINE_string("text_field", None, "text: read JSON lines (.jsonl/.json), the document being this field's "
+                    "string; parquet/hf: the string column to tokenize")
 flags.DEFINE_string("ids_field", None, "text: read JSON lines whose field holds pre-tokenized ids (a list of ints); "
-                    "needs --vocab_size")
+                    "parquet/hf: a column of lists of ints; needs --vocab_size")
+flags.DEFINE_string("image_field", None, "parquet/hf: the column of encoded images (datasets' Image: {bytes, path}; "
+                    "or binary), stored as the original bytes")
+flags.DEFINE_string("label_field", None, "parquet/hf: the label column: ints (class ids; names from datasets' "
+                    "ClassLabel) or strings (made class ids, sorted, names in metadata.json)")
+flags.DEFINE_list("keep_fields", [], "parquet/hf: more scalar columns to keep as features, under their own names")
+flags.DEFINE_string("hf_config", None, "parquet/hf: the config of a hub dataset with several (README.md configs, "
+                    "or one folder per config)")
+flags.DEFINE_float("shuffle_window_mb", 256.0, "parquet/hf: rows are shuffled within windows of row groups holding "
+                   "about this much data (memory: about twice this, plus a row group per worker)")
 flags.DEFINE_integer("vocab_size", None, "text with --ids_field: every id must lie in [0, vocab_size)")
 flags.DEFINE_integer("max_record_tokens", 65_536, "text: a longer document is written as consecutive records "
                      "of at most this many tokens (EOS only at its end), so reading one costs bounded memory; "
@@ -63,6 +90,16 @@ FLAGS = flags.FLAGS
 def make_source(kind: str, target: str, more: Sequence[str] = ()) -> ConvertSource:
     """The source for --from, built from the flags (each module imported only when used)."""
     reencode = "" if FLAGS.reencode == "none" else FLAGS.reencode
+    if kind in TABLES:
+        from tpu_pipeline.records.table_input import TableSource
+
+        return TableSource(
+            target, kind=kind, config=FLAGS.hf_config, splits=FLAGS.splits, seed=FLAGS.seed, shuffle=FLAGS.shuffle,
+            text_field=FLAGS.text_field, ids_field=FLAGS.ids_field, vocab_size=FLAGS.vocab_size,
+            tokenizer=FLAGS.tokenizer, max_record_tokens=FLAGS.max_record_tokens, image_field=FLAGS.image_field,
+            label_field=FLAGS.label_field, keep_fields=FLAGS.keep_fields, class_names=FLAGS.class_names,
+            shuffle_window_mb=FLAGS.shuffle_window_mb,
+        )
     splits = FLAGS.splits or "train"
     if kind == "text":
         from tpu_pipeline.records.text_input import TextSource
@@ -97,13 +134,13 @@ def run(overrides: Sequence[str]) -> int:
     kind = FLAGS["from"].value
     if kind is None:
         raise ConfigError(f"--from is required: one of {', '.join(SOURCES)}")
-    misplaced = [f"--{name}" for name in TEXT_FLAGS if FLAGS[name].present and kind != "text"]
-    if misplaced:
-        raise ConfigError(f"{', '.join(misplaced)}: only with --from text")
+    for name, kinds in ONLY.items():
+        if FLAGS[name].present and kind not in kinds:
+            raise ConfigError(f"--{name}: only with --from {' or '.join(kinds)}")
     if kind == "text" and not overrides:
         raise ConfigError("--from text needs at least one input: .txt/.jsonl files, quoted globs or directories")
     if len(overrides) != 1 and kind != "text":
-        what = "the TFDS dataset name" if kind == "tfds" else "the input path"
+        what = "the TFDS dataset name" if kind == "tfds" else "the dataset's folder" if kind in TABLES else "the input path"
         raise ConfigError(f"convert takes exactly one positional argument, {what} (given: {list(overrides)})")
     if not FLAGS.out:
         raise ConfigError("--out is required: the directory to write the shards and metadata.json to")
@@ -183,7 +220,12 @@ def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, a
         special = ", ".join(f"{name} {i}" for name, i in tokenizer["special_ids"].items()) or "none"
         lines.append(f"  tokenizer: {tokenizer['type']}, vocab_size {tokenizer['vocab_size']}, special ids: {special}"
                      + (f" (model copied to {tokenizer['model_file']})" if tokenizer.get("model_file") else ""))
-    split = next(iter(metadata["splits"]))
+    source = metadata.get("source") or {}
+    if source.get("splits_from"):  # parquet/hf: how the layout gave the splits, and the files it left out
+        ignored = source.get("num_ignored_files") or 0
+        lines.append(f"  splits from {source['splits_from']}" + (f"; {ignored} file(s) named no split and were left "
+                     f"out (e.g. {source['ignored_files'][0]}; listed in metadata.json)" if ignored else ""))
+    split = "train" if "train" in metadata["splits"] else next(iter(metadata["splits"]))
     if tokenizer:
         features = ", ".join(f"{name}: {{{', '.join(f'{k}: {v}' for k, v in spec.items())}}}"
                              for name, spec in metadata["features"].items())

@@ -1,4 +1,5 @@
-"""Converts a source (image folder, CSV, NumPy, TFDS, text) into TFRecord shards plus metadata.json.
+"""Converts a source (image folder, CSV, NumPy, TFDS, text, Parquet, a save_to_disk folder) into TFRecord
+shards plus metadata.json.
 
 Safe output, step by step:
   0. `OUT/.convert.lock` is taken first (see out_lock.py): a second convert into the same --out
@@ -126,7 +127,8 @@ def _convert_locked(source: ConvertSource, out_dir: str, options: ConvertOptions
     written = 0
     workers = options.num_workers()
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="convert")
-    bar = tqdm(total=total, desc=f"convert {source.kind}", unit=" documents" if source.kind == "text" else " examples", disable=not options.progress,
+    unit = getattr(source, "unit", None) or (" documents" if source.kind == "text" else " examples")
+    bar = tqdm(total=total, desc=f"convert {source.kind}", unit=unit, disable=not options.progress,
                file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
     try:
         for split, entry in plan["splits"].items():
@@ -263,10 +265,27 @@ def _write_split(
         except ItemError as error:
             return shard, None, error
 
+    def streamed() -> Iterator[tuple[int, Union[bytes, Encoded, None], Optional[ItemError]]]:
+        """A source that encodes many items per task (a Parquet row group) gives them back in order itself."""
+        index = first
+        for record, error in source.encode_stream(split, first, executor, options.num_workers()):
+            if index >= last:
+                break
+            shard = bisect.bisect_right(starts, index) - 1
+            if shard in pending:
+                yield shard, record, error
+            index += 1
+        if index < last:
+            raise DataError(
+                f"{source.kind}: split {split!r} gave {index} examples but the plan expects {last}; the input "
+                "changed during the conversion. Run the command again to start over."
+            )
+
+    results = streamed() if hasattr(source, "encode_stream") else ordered_map(work, jobs(), executor, window)
     writer = _ShardWriter(state, options.compression)
     written = 0
     try:
-        for shard, record, error in ordered_map(work, jobs(), executor, window):
+        for shard, record, error in results:
             if shard != writer.shard:
                 if writer.shard is not None:
                     writer.finish()

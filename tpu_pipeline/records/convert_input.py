@@ -1,6 +1,6 @@
 """What the converter needs from an input format (`ConvertSource`), and what an input format may give back.
 
-Each format (image folder, CSV, NumPy, TFDS, text) implements this interface and imports only it,
+Each format (image folder, CSV, NumPy, TFDS, text, Parquet/Arrow) implements this interface and imports only it,
 not the converter that drives it (tpu_pipeline.records.convert).
 """
 from __future__ import annotations
@@ -55,3 +55,7 @@ class SourceExtras(Protocol):
     def split_metadata(self, split: str, shard_stats: list[dict[str, int]]) -> dict[str, Any]: ...  # new split keys
     def extra_metadata(self) -> dict[str, Any]: ...  # new top-level keys, e.g. the tokenizer
     def write_files(self, out_dir: str) -> list[str]: ...  # files written next to the shards (atomically); their names
+    # Instead of items/encode: (record, ItemError or None) of each position from `start`, in write order,
+    # the source submitting tasks of many items each (a Parquet row group) to `executor` itself.
+    def encode_stream(self, split: str, start: int, executor: Any, workers: int) -> Iterator[tuple[Any, Optional[ItemError]]]: ...
+    unit: str  # the progress bar's unit, e.g. " documents"
