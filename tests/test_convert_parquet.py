@@ -119,7 +119,7 @@ def test_token_records_are_the_bytes_protobuf_writes():
         assert ints(example, "tokens") == docs[i].tolist() and ints(example, "label") == [i]
     # Many documents at once, split in parts, equal the one-document path of --from text.
     encoder = TokenRecords(ByteTokenizer(), max_record_tokens=50)
-    many = texts(40) + ["y" * 120]
+    many = texts(40) + ["y" * 120, "日本語のテキスト" * 30, "plain ascii {braces} ~tilde~ " * 9]  # each varint path
     assert encoder.encode_many(many) == [encoder.encode_ids(ByteTokenizer().encode(t), len(t.encode())) for t in many]
     ids = TokenRecords(IdsTokenizer(1000), max_record_tokens=0)
     lists = [[1, 2, 999], [], [0]]

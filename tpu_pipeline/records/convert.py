@@ -281,7 +281,7 @@ def _write_split(
                 "changed during the conversion. Run the command again to start over."
             )
 
-    results = streamed() if hasattr(source, "encode_stream") else ordered_map(work, jobs(), executor, window)
+    results = streamed() if getattr(source, "encode_stream", None) else ordered_map(work, jobs(), executor, window)
     writer = _ShardWriter(state, options.compression)
     written = 0
     try:
@@ -336,10 +336,17 @@ class _ShardWriter:
         """Writes one item's `records` (none: only its stats count, e.g. an empty document) and adds up `stats`."""
         for record in records:
             self.writer.write(record)
-            self.count += 1
-        for key, value in (stats or {}).items():  # summed; a "max_" key keeps the largest (e.g. the longest document)
-            combine = max if key.startswith("max_") else (lambda a, b: a + b)
-            self.stats[key] = combine(self.stats.get(key, 0), int(value))
+        self.count += len(records)
+        if not stats:
+            return
+        totals = self.stats
+        for key, value in stats.items():  # summed; a "max_" key keeps the largest (e.g. the longest document)
+            value = int(value)
+            if key[:4] == "max_":
+                if value > totals.get(key, 0):
+                    totals[key] = value
+            else:
+                totals[key] = totals.get(key, 0) + value
 
     def skip(self, error: ItemError) -> None:
         self.skipped.append({"where": error.where, "reason": error.reason})

@@ -12,12 +12,13 @@ part as an example.
 
 Only offsets are kept in memory: the constructor counts the lines (one pass over the files), the
 writer's thread reads each document's bytes when its turn comes, and worker threads decode and
-tokenize them. Empty documents are counted (`num_empty`), not written; a line that is not UTF-8 or
+tokenize them, a batch of documents per task. Empty documents are counted (`num_empty`), not written; a line that is not UTF-8 or
 not JSON is an ItemError naming file:line.
 """
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from absl import logging
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.tokenizer import IdsTokenizer, Tokenizer, load_tokenizer
 from tpu_pipeline.records.convert_input import Encoded, ItemError
+from tpu_pipeline.records.parallel import ordered_map
 from tpu_pipeline.records.token_records import FEATURE, LONG_DOCUMENT_TOKENS, MAX_RECORD_TOKENS, TokenRecords
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
 from tpu_pipeline.system import local_path
@@ -39,6 +41,8 @@ JSON_SUFFIXES = (".jsonl", ".json")
 _BOM = b"\xef\xbb\xbf"
 _GLOB = set("*?[")
 _OPEN_FILES = 32  # handles the reader keeps open while documents of many files interleave
+BATCH_DOCUMENTS = 256  # documents per worker task, at most ...
+BATCH_BYTES = 1 << 20  # ... and about this much text (a larger document is a batch of its own)
 Item = tuple[int, bytes]  # (document index, its raw bytes)
 
 
@@ -205,6 +209,34 @@ class TextSource:
 
     def items(self, split: str, start: int) -> Iterator[Item]:
         return self._read(self._splits[split][start:])
+
+    def encode_stream(self, split: str, start: int, executor: concurrent.futures.Executor,
+                      workers: int) -> Iterator[tuple[Optional[Encoded], Optional[ItemError]]]:
+        """Each document's records from `start` on, in order, encoded a batch per worker task (up to
+        BATCH_DOCUMENTS documents or BATCH_BYTES of text): a future per document cost more than a short
+        document's tokenizing. At most 2 x workers + 2 batches are in flight."""
+        def batches() -> Iterator[list[Item]]:
+            batch, size = [], 0
+            for item in self.items(split, start):
+                batch.append(item)
+                size += len(item[1])
+                if size >= BATCH_BYTES or len(batch) >= BATCH_DOCUMENTS:
+                    yield batch
+                    batch, size = [], 0
+            if batch:
+                yield batch
+
+        def work(batch: list[Item]) -> list[tuple[Optional[Encoded], Optional[ItemError]]]:
+            done = []
+            for item in batch:
+                try:
+                    done.append((self.encode(item), None))
+                except ItemError as error:
+                    done.append((None, error))
+            return done
+
+        for results in ordered_map(work, batches(), executor, 2 * workers + 2):
+            yield from results
 
     def _read(self, documents: np.ndarray) -> Iterator[Item]:
         """Each document's bytes, in the given order (a seek per line, a few files kept open)."""

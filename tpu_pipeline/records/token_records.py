@@ -30,7 +30,7 @@ MAX_RECORD_TOKENS = 65_536
 EMPTY = Encoded((), {"empty": 1})
 
 
-def _varint(value: int) -> bytes:
+def _encode_varint(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -39,35 +39,55 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Protobuf varints of int64s, concatenated, and each value's byte count (a negative int64 takes 10
-    bytes, its two's complement, as protobuf writes it)."""
+_SMALL = [_encode_varint(v) for v in range(1 << 14)]  # the lengths of most records and features, ready-made
+
+
+def _varint(value: int) -> bytes:
+    return _SMALL[value] if value < 16384 else _encode_varint(value)
+
+
+def varints(values: np.ndarray) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Protobuf varints of int64s, concatenated, and which values took more than one byte (None: none
+    did). A negative int64 takes 10 bytes, its two's complement, as protobuf writes it."""
+    if not len(values):
+        return np.empty(0, np.uint8), None
+    low, top = int(values.min()), int(values.max())
+    if low >= 0 and top < 0x80:  # byte-level ids of plain ASCII: one byte each
+        return values.astype(np.uint8), None
+    if low >= 0 and top < 1 << 14:  # byte-level ids, vocabularies up to 16k: one or two bytes, in uint16
+        v = values.astype(np.uint16, copy=False)
+        two = v >= 0x80
+        low = (v & 0x7F).astype(np.uint8) | (two.view(np.uint8) << 7)
+        where = np.flatnonzero(two)
+        if len(where) < len(v) // 4:  # mostly one byte (ASCII text): insert the few second bytes
+            return np.insert(low, where + 1, (v[where] >> 7).astype(np.uint8)), two
+        table = np.empty((len(v), 2), np.uint8)
+        table[:, 0] = low
+        table[:, 1] = (v >> 7).astype(np.uint8)
+        keep = np.empty((len(v), 2), bool)
+        keep[:, 0] = True
+        keep[:, 1] = two
+        return table[keep], two
     v = values.astype(np.uint64, copy=False)
-    if not len(v):
-        return np.empty(0, np.uint8), np.empty(0, np.uint8)
-    top = int(v.max())
-    if top < 0x80:  # byte-level ids of ASCII text: one byte each
-        return v.astype(np.uint8), np.ones(len(v), np.uint8)
-    width = (top.bit_length() + 6) // 7
-    if top < 2**32:
-        v = v.astype(np.uint32)
+    width = (int(v.max()).bit_length() + 6) // 7
     size = np.ones(len(v), np.uint8)
     for k in range(1, width):
-        size += v >= (1 << (7 * k))
+        size += v >= np.uint64(1 << (7 * k))
     table = np.empty((len(v), width), np.uint8)
     for k in range(width):
-        table[:, k] = ((v >> (7 * k)) & 0x7F).astype(np.uint8) | ((size > k + 1).astype(np.uint8) << 7)
-    return table[np.arange(width, dtype=np.uint8)[None, :] < size[:, None]], size
+        table[:, k] = ((v >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8) | ((size > k + 1).view(np.uint8) << 7)
+    return table[np.arange(width, dtype=np.uint8)[None, :] < size[:, None]], size - 1
 
 
 def token_examples(ids: np.ndarray, bounds: np.ndarray, others: Optional[Sequence[bytes]] = None) -> list[bytes]:
     """Serialized `{tokens: int64 list}` tf.Examples, one per [bounds[i], bounds[i+1]) of `ids` (every
-    range non-empty): exactly the bytes of `tf.train.Example(...).SerializeToString()`."""
-    data, size = varints(ids)
-    extra = size.astype(np.int64) - 1  # bytes beyond one per id
-    if len(ids) and extra.any():
-        cum = np.concatenate([[0], np.cumsum(extra)])
-        offsets = (bounds + cum[bounds]).tolist()
+    range non-empty): exactly the bytes of `tf.train.Example(...).SerializeToString()`. `others[i]`, when
+    given, holds more features of record i, serialized as a `tf.train.Features` (its map entries)."""
+    data, extra = varints(ids)
+    bounds = np.asarray(bounds, np.int64)
+    if extra is not None and len(bounds) > 1:  # each record's bytes beyond one per id, summed per record
+        per_record = np.add.reduceat(extra.astype(np.int64, copy=False), bounds[:-1])
+        offsets = (bounds + np.concatenate([[0], np.cumsum(per_record)])).tolist()
     else:
         offsets = bounds.tolist()
     view = memoryview(data)
@@ -137,7 +157,7 @@ class TokenRecords:
         """Byte-level: documents as one UTF-8 buffer and their [offsets[i], offsets[i+1]) ranges."""
         offsets = np.asarray(offsets, np.int64)
         first = int(offsets[0])
-        ids = data[first:int(offsets[-1])].astype(np.int64) + BYTE_OFFSET
+        ids = data[first:int(offsets[-1])].astype(np.uint16) + np.uint16(BYTE_OFFSET)  # 3..258: uint16 is enough
         return self.encode_flat(ids, offsets - first, np.diff(offsets), others)
 
     def encode_flat(self, flat: np.ndarray, offsets: np.ndarray, text_bytes: Optional[np.ndarray],
@@ -148,7 +168,7 @@ class TokenRecords:
         eos = self.tokenizer.eos_id
         if eos is not None:  # each non-empty document's ids, then EOS
             ends = offsets[1:][lengths > 0]
-            flat = np.insert(flat.astype(np.int64, copy=False), ends, eos)
+            flat = np.insert(flat, ends, eos)
             lengths = lengths + (lengths > 0)
         step = self.max_record_tokens
         cuts, parts, record_others = [0], [], [] if others is not None else None
