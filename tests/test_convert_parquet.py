@@ -157,7 +157,7 @@ def test_shuffled_order_is_a_pure_function_of_the_position(tmp_path):
     stream (windows of several row groups, rows shuffled across them)."""
     hub_text_dataset(tmp_path / "ds", count=300)
     source = TableSource(str(tmp_path / "ds"), text_field="text", keep_fields=["id"], shuffle_window_mb=0.005)
-    windows, _ = source._order("train")
+    windows, _ = source.order.windows("train")
     assert len(windows) > 2 and max(map(len, windows)) > 1  # several windows of several row groups
     import concurrent.futures
     with concurrent.futures.ThreadPoolExecutor(2) as executor:
