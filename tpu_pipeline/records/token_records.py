@@ -11,6 +11,7 @@ array operations instead.
 from __future__ import annotations
 
 import collections
+import itertools
 import uuid
 from typing import Any, Optional, Sequence
 
@@ -148,7 +149,7 @@ class TokenRecords:
         encode = self.tokenizer.encode
         ids = [encode(text) if text else [] for text in texts]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        flat = np.fromiter((i for doc in ids for i in doc), np.int64, int(lengths.sum()))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
         text_bytes = np.fromiter((len(text.encode("utf-8")) for text in texts), np.int64, len(texts))
         return self.encode_flat(flat, np.concatenate([[0], np.cumsum(lengths)]), text_bytes, others)
 
