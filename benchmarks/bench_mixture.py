@@ -1,23 +1,32 @@
 """A mixture of three sources against one source, and against tf.data's own mixer, side by side.
 
-    .venv/bin/python benchmarks/bench_mixture.py --rounds 3 --seconds 2
+    .venv/bin/python benchmarks/bench_mixture.py --rounds 5 --seconds 2 --records 50000
     .venv/bin/python benchmarks/bench_mixture.py --workload text@1024 --shuffle off
 
 The sequence benchmark's files (benchmarks/sequence_workloads.py: 4 shards of tf.Examples with one
 `tokens` feature) are read as one source, or as three (shards 0-1, 2 and 3, weights 0.5/0.3/0.2),
 packed into rows (data.sequence pack, truncate) and batched by 64, on one input pipeline:
 
-  one source            data.source: all four shards (the plan's own choices: window shuffle)
-  ours mixture (3)      data.mixture of the three, our schedule (each source shuffles its own records)
+  one source            data.source: all four shards (the plan's own choices: window shuffle, and
+                        the record cache: from the second epoch on it reads no file)
+  one source, no cache  the same with data.cache.records: false (every epoch read from the files,
+                        as a mixture's sources are: the plan gives a mixture no record cache)
+  ours mixture (3)      data.mixture of the three, our schedule (each source shuffles its own records),
+                        every record tagged with its source, `_source` parsed and carried per token
+  ours, not carried     the same mixture, `_source` parsed but dropped right after the parse (pack
+                        and batch never see it): what carrying it to every token costs
+  ours, no tag          the same mixture with no tag appended and no `_source` parsed or carried:
+                        what the tag costs, end to end
   sample_from_datasets  the same three sources, read and shuffled alike, mixed by tf.data's own
                         `tf.data.Dataset.sample_from_datasets(weights=..., seed=...)` instead of ours;
                         everything else (parse, pack, batch) the same pipeline
 
 Throughput: non-padding tokens per second and per CPU-second, ratios within a round (median and
-worst over rounds). Shares: the first --records records of each mixer's stream, by the source tag
-every record carries: the delivered example shares, and the largest gap between a source's share
-and its weight over every prefix of at least 1,000 records (ours is stratified: within a block's
-quota; tf.data draws each choice independently).
+worst over rounds), to one source and to one source without its record cache. Shares: the first
+--records records of each mixer's stream, by the source tag every record carries: the delivered
+example shares, and the largest gap between a source's share and its weight over every prefix of
+at least 1,000 records (ours is stratified: within a block's quota; tf.data draws each choice
+independently).
 """
 from __future__ import annotations
 
@@ -26,6 +35,7 @@ import dataclasses
 import os
 import statistics
 import sys
+from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +49,7 @@ from bench_sequences import BATCH, KEY, WORKLOADS, count_segments, measure  # no
 from tpu_pipeline.config import config_from_dict  # noqa: E402
 from tpu_pipeline.pipeline import Pipeline  # noqa: E402
 from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY, MixtureSource, source_seed, source_tag  # noqa: E402
+from tpu_pipeline.pipeline.parse import make_parser  # noqa: E402
 
 WEIGHTS = (0.5, 0.3, 0.2)
 GROUPS = ((0, 1), (2,), (3,))  # shards of each source
@@ -64,27 +75,49 @@ def shard_files(directory: str, shards: tuple[int, ...]) -> list[str]:
     return [os.path.join(directory, names[index]) for index in shards]
 
 
-def configs(directory: str, length: int, shuffle: bool) -> tuple[dict, dict]:
+def configs(directory: str, length: int, shuffle: bool) -> tuple[dict, dict, dict]:
     common = {"features": {KEY: {"dtype": "int64", "kind": "ragged"}},
               "sequence": {"keys": [KEY], "length": length, "mode": "pack", "overflow": "truncate"},
               "batch_size": BATCH, "repeat": "forever",
               "shuffle": {"buffer_size": 4096} if shuffle else {"enabled": False}}
     one = {"data": {"source": {"type": "tfrecord", "files": shard_files(directory, (0, 1, 2, 3))}, **common}}
+    uncached = {"data": {**one["data"], "cache": {"records": False}}}
     sources = [{"name": f"part{index}", "weight": weight, "source": {"type": "tfrecord", "files": shard_files(directory, group)}}
                for index, (weight, group) in enumerate(zip(WEIGHTS, GROUPS))]
     mixed = {"data": {"mixture": {"sources": sources}, **common}}
-    return one, mixed
+    return one, uncached, mixed
 
 
-def pipelines(one: dict, mixed: dict) -> dict:
+def with_parse(pipeline: Pipeline, parse: Callable) -> Pipeline:
+    """`pipeline` with `parse` in place of the parse of its records."""
+    stages = tuple(dataclasses.replace(stage, parse=parse) if getattr(stage, "parse", None) is not None else stage
+                   for stage in pipeline.stages)
+    return dataclasses.replace(pipeline, stages=stages)
+
+
+def not_carried(pipeline: Pipeline) -> Pipeline:
+    """The mixture's records parsed with `_source` (tagged as ever), which is dropped right after the parse."""
+    parse = make_parser(pipeline.plan.features.value, batched=pipeline.plan.parse.value == "batched")
+    return with_parse(pipeline, lambda records: {k: v for k, v in parse(records).items() if k != SOURCE_KEY})
+
+
+def without_tag(pipeline: Pipeline) -> Pipeline:
+    """The mixture with no source tag: records untouched, a parse without `_source` (so no stage carries it)."""
+    features = {name: spec for name, spec in pipeline.plan.features.value.items() if name != SOURCE_KEY}
+    untagged = pipeline.with_source(dataclasses.replace(pipeline.source, tag_records=False))
+    return with_parse(untagged, make_parser(features, batched=pipeline.plan.parse.value == "batched"))
+
+
+def pipelines(one: dict, uncached: dict, mixed: dict) -> dict:
     mixed_config = config_from_dict(mixed).data
     ours = Pipeline.from_config(mixed_config)
     theirs = ours.with_source(SampledMixture(**{field.name: getattr(ours.source, field.name)
                                                 for field in dataclasses.fields(MixtureSource)}))
-    untagged = ours.with_source(dataclasses.replace(ours.source, tag_records=False))
     return {"one source": lambda: Pipeline.from_config(config_from_dict(one).data).build(),
+            "one source, no cache": lambda: Pipeline.from_config(config_from_dict(uncached).data).build(),
             "ours mixture (3)": ours.build,
-            "ours untagged": untagged.build,
+            "ours, not carried": not_carried(ours).build,
+            "ours, no tag": without_tag(ours).build,
             "sample_from_datasets": theirs.build}, ours.source, theirs.source
 
 
@@ -114,8 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     name, length = WORKLOADS[args.workload]
     meta = sequence_workloads.ensure(name, args.cache_dir)
-    one, mixed = configs(meta["dir"], length, args.shuffle == "on")
-    table, ours, theirs = pipelines(one, mixed)
+    table, ours, theirs = pipelines(*configs(meta["dir"], length, args.shuffle == "on"))
     names = list(table)
     print(f"== {args.workload}: {meta['lengths']['examples']} examples in 4 shards; sources {GROUPS} weights {WEIGHTS}; "
           f"pack to {length}, batches of {BATCH}; shuffle {args.shuffle} ==", flush=True)
@@ -126,15 +158,19 @@ def main() -> None:
         rounds.append(results)
         print(f"  round {index + 1}: " + ", ".join(f"{n} {results[n]['tok_s'] / 1e6:.2f}" for n in names)
               + " M non-padding tokens/s", flush=True)
-    print(f"{'pipeline':22s} {'Mtok/s':>7s} {'Mtok/CPU-s':>10s} {'tok/s ÷ one':>12s} {'tok/CPU-s ÷ one':>16s}")
+    print(f"{'pipeline':22s} {'Mtok/s':>7s} {'Mtok/CPU-s':>10s} {'tok/s ÷ one':>14s} {'tok/CPU-s ÷ one':>16s} "
+          f"{'tok/s ÷ no cache':>17s}")
     for pipeline in names:
         med = lambda field: statistics.median(r[pipeline][field] for r in rounds)  # noqa: E731
         cells = []
-        for field in ("tok_s", "tok_cpu_s"):
-            ratios = [r[pipeline][field] / r["one source"][field] for r in rounds]
+        for field, reference in (("tok_s", "one source"), ("tok_cpu_s", "one source"), ("tok_s", "one source, no cache")):
+            ratios = [r[pipeline][field] / r[reference][field] for r in rounds]
             cells.append(f"{statistics.median(ratios):.3f} ({min(ratios):.3f})")
-        print(f"{pipeline:22s} {med('tok_s') / 1e6:7.2f} {med('tok_cpu_s') / 1e6:10.2f} {cells[0]:>12s} {cells[1]:>16s}")
-    print("(ours untagged: the same mixture without the source tag appended to each record, which costs a copy)")
+        print(f"{pipeline:22s} {med('tok_s') / 1e6:7.2f} {med('tok_cpu_s') / 1e6:10.2f} {cells[0]:>14s} {cells[1]:>16s} "
+              f"{cells[2]:>17s}")
+    print("(median (worst) over rounds; no cache: one source with data.cache.records: false, every epoch read from the "
+          "files as a mixture's sources are; not carried: `_source` parsed, then dropped before pack and batch; no tag: "
+          "no source tag appended, `_source` not parsed nor carried)")
     for label, source in (("ours mixture (3)", ours), ("sample_from_datasets", theirs)):
         found = shares(source, args.records)
         print(f"{label:22s} shares {', '.join(f'{s:.4f}' for s in found['shares'])} of {args.records:,} records (weights "
