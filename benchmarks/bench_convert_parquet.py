@@ -1,7 +1,7 @@
 """`convert --from parquet` against its physical limits, side by side in one run.
 
     .venv/bin/python benchmarks/bench_convert_parquet.py                      # ~100 MB of text, 20 MB of images
-    .venv/bin/python benchmarks/bench_convert_parquet.py --text_mb 400 --memory   # + peak RSS of a CLI convert
+    .venv/bin/python benchmarks/bench_convert_parquet.py --text_mb 300 --image_mb 100 --memory   # + peak RSS
 
 Writes (once, under --dir) Parquet files in the hub's layout: `text/data/train-0000K-of-0000N.parquet`
 holding documents of real English prose (paragraphs of the CPython documentation that ships with
@@ -251,17 +251,21 @@ def main() -> None:
     if options.memory:
         out = tempfile.mkdtemp(prefix="bench_convert_rss_")
         first = parquet_files(text_root)[0]
+        text = ["--text_field", "text"]
         try:
-            one_file = peak_rss(["--from", "parquet", first, "--text_field", "text", "--out", out + "/one"])
-            text_rss = peak_rss(["--from", "parquet", text_root, "--text_field", "text", "--out", out + "/t"])
-            image_rss = peak_rss(["--from", "parquet", image_root, "--image_field", "image", "--label_field", "label",
-                                  "--out", out + "/i"])
+            runs = [
+                (f"text, one file ({os.path.getsize(first) / 1e6:.0f} MB of Parquet)", [first, *text]),
+                (f"text, all {text_mb:.0f} MB, --shuffle_window_mb 16", [text_root, *text, "--shuffle_window_mb", "16"]),
+                (f"text, all {text_mb:.0f} MB, --shuffle_window_mb 256 (the default)", [text_root, *text]),
+                (f"text, all {text_mb:.0f} MB, --noshuffle", [text_root, *text, "--noshuffle"]),
+                (f"images, all {image_mb:.0f} MB", [image_root, "--image_field", "image", "--label_field", "label"]),
+            ]
+            print("\n| peak RSS of `tpu-pipeline convert --from parquet` (a process each; TensorFlow loaded) | MB |")
+            print("|---|---:|")
+            for number, (name, args) in enumerate(runs):
+                print(f"| {name} | {peak_rss(['--from', 'parquet', *args, '--out', f'{out}/{number}']):,.0f} |")
         finally:
             shutil.rmtree(out, ignore_errors=True)
-        print(f"\npeak RSS of `tpu-pipeline convert` (a child process each, TensorFlow loaded, one worker per core, "
-              f"--shuffle_window_mb 256): text, one file ({os.path.getsize(first) / 1e6:.0f} MB of Parquet): "
-              f"{one_file:,.0f} MB; text, all {len(parquet_files(text_root))} files ({text_mb:.0f} MB of text): "
-              f"{text_rss:,.0f} MB; images ({image_mb:.0f} MB of JPEGs): {image_rss:,.0f} MB")
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 

@@ -63,6 +63,11 @@ class TableSource:
                               "local disk: copy it there first (gsutil -m cp -r), or convert the dataset's Parquet files")
         self.name = os.path.basename(self.root.rstrip("/")) or "dataset"
         self.files = TableFiles(kind, self.layout, self.columns.names)
+        if not self.columns.names:
+            schema = self.files[0].schema
+            raise ConfigError(f"--from {kind}: name the columns to convert: --text_field (or --ids_field) for text, "
+                              "--image_field [--label_field] for images, --keep_fields for others; the columns of "
+                              f"{self.files[0].relative}: {', '.join(f'{n} ({t})' for n, t in zip(schema.names, schema.types))}")
         self.columns.check(self.files)
         self.columns.find_class_names(self.files, class_names, self.layout.hf_features)
         self.order = SplitOrder(self.files, splits, seed, shuffle, self.shuffle_window_mb)
@@ -189,9 +194,6 @@ def _check_flags(text_field, ids_field, vocab_size, tokenizer, image_field, labe
         raise ConfigError(f"--max_record_tokens must be >= 0 (0: one record per document; given: {max_record_tokens})")
     if not shuffle_window_mb > 0:
         raise ConfigError(f"--shuffle_window_mb must be > 0 (given: {shuffle_window_mb})")
-    if not (text_field or ids_field or image_field or label_field or keep_fields):
-        raise ConfigError("--from parquet/hf: name the columns to convert: --text_field (or --ids_field) for text, "
-                          "--image_field [--label_field] for images, --keep_fields for other columns")
     used = [c for c in (text_field, ids_field, image_field, label_field) if c]
     twice = sorted({c for c in [*used, *keep_fields] if [*used, *keep_fields].count(c) > 1})
     if twice:
