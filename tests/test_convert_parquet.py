@@ -9,7 +9,6 @@ for byte, the image bytes equal to the column's bytes, every row exactly once.
 from __future__ import annotations
 
 import collections
-import io
 import os
 import subprocess
 import sys
@@ -18,7 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-datasets = pytest.importorskip("datasets", reason="the test extra installs datasets (it writes the fixtures)")
+import datasets  # noqa: E402  (the test extra installs it: it writes the fixtures; missing is a failure)
+
 datasets.disable_progress_bars()
 
 from tpu_pipeline.errors import ConfigError, DataError  # noqa: E402
@@ -357,6 +357,21 @@ def test_splits_cut_one_split_and_pick_or_rename_several(tmp_path, capsys):
         TableSource(str(tmp_path / "three"), text_field="text", splits="train=0.5,validation=0.5")
     with pytest.raises(ConfigError, match="has no split 'dev'; its splits: train, validation, test"):
         TableSource(str(tmp_path / "three"), text_field="text", splits="train,validation=dev")
+
+
+def test_split_names_follow_the_rules_of_datasets():
+    from tpu_pipeline.records.hub_layout import splits_by_name
+
+    assert splits_by_name(["data/train-00000-of-00002.parquet", "data/train-00001-of-00002-5ad1c3e9.parquet",
+                           "data/test_sft-00000-of-00001.parquet"])[:2] == (
+        {"train": ["data/train-00000-of-00002.parquet", "data/train-00001-of-00002-5ad1c3e9.parquet"],
+         "test_sft": ["data/test_sft-00000-of-00001.parquet"]}, "file names {split}-NNNNN-of-NNNNN")
+    assert splits_by_name(["default/train/0000.parquet", "default/validation/0000.parquet", "dev-set/a.parquet"])[0] == {
+        "train": ["default/train/0000.parquet"], "validation": ["default/validation/0000.parquet", "dev-set/a.parquet"]}
+    found, _, left_out = splits_by_name(["my_train.parquet", "test.parquet", "latest.parquet", "notes.parquet"])
+    assert found == {"train": ["my_train.parquet"], "test": ["test.parquet"]}
+    assert left_out == ["latest.parquet", "notes.parquet"]  # named in the summary and metadata.json
+    assert splits_by_name(["a.parquet", "b.parquet"])[0] == {"train": ["a.parquet", "b.parquet"]}
 
 
 def test_configs_from_readme_and_from_folders(tmp_path):

@@ -38,7 +38,7 @@ SPLIT_KEYWORDS = {
     "validation": ("validation", "valid", "dev", "val"),
     "test": ("test", "testing", "eval", "evaluation"),
 }
-_SHARDED = re.compile(r"^(?P<split>\w+?)-\d{5}-of-\d{5}(\.|$)")
+_SHARDED = re.compile(r"^(?P<split>\w+?)-\d{5}-of-\d{5}(?!\d)")  # older push_to_hub added -HASH
 _SEP = r"[-._ 0-9]"
 
 
