@@ -156,8 +156,9 @@ def main() -> None:
         order = names[index % len(names):] + names[:index % len(names)]
         results = {pipeline: measure(table[pipeline], count_segments, args.warmup, args.seconds) for pipeline in order}
         rounds.append(results)
+        # The load average beside each round: other jobs on a shared machine show there, not in the ratios' medians.
         print(f"  round {index + 1}: " + ", ".join(f"{n} {results[n]['tok_s'] / 1e6:.2f}" for n in names)
-              + " M non-padding tokens/s", flush=True)
+              + f" M non-padding tokens/s (load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)", flush=True)
     print(f"{'pipeline':22s} {'Mtok/s':>7s} {'Mtok/CPU-s':>10s} {'tok/s ÷ one':>14s} {'tok/CPU-s ÷ one':>16s} "
           f"{'tok/s ÷ no cache':>17s}")
     for pipeline in names:
