@@ -25,12 +25,17 @@ def is_int(dtype: pa.DataType) -> bool:
     return pa.types.is_integer(dtype) or pa.types.is_boolean(dtype)
 
 
+def _view(name: str, dtype: pa.DataType) -> bool:
+    check = getattr(pa.types, name, None)  # string_view/binary_view: pyarrow 16 and later
+    return bool(check and check(dtype))
+
+
 def is_string(dtype: pa.DataType) -> bool:
-    return pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype)
+    return pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or _view("is_string_view", dtype)
 
 
 def is_binary(dtype: pa.DataType) -> bool:
-    return pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_binary_view(dtype)
+    return pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or _view("is_binary_view", dtype)
 
 
 def is_list(dtype: pa.DataType) -> bool:
