@@ -286,8 +286,9 @@ def test_nulls_and_images_by_path_raise_naming_file_row_group_and_row_or_are_ski
     code, _, stderr = cli(capsys, "--from", "parquet", str(tmp_path / "ds"), "--text_field", "text",
                           "--out", str(tmp_path / "out"), "--noprogress")
     assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
-    assert ("data/train-00000-of-00001.parquet: row group 2, row 13: column 'text' is null; fill it, or pass "
-            "--on_error=skip") in stderr
+    assert ("data/train-00000-of-00001.parquet: row group 2, row 13: column 'text' is null; fill it. Fix or remove "
+            "it and run the same command again") in stderr
+    assert stderr.count("--on_error=skip") == 1, stderr  # the fix is said once
     assert not (tmp_path / "out" / "metadata.json").exists()
     code, stdout, stderr = cli(capsys, "--from", "parquet", str(tmp_path / "ds"), "--text_field", "text",
                                "--out", str(tmp_path / "out"), "--noprogress", "--on_error", "skip")

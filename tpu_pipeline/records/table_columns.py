@@ -33,7 +33,6 @@ from tpu_pipeline.records.token_records import FEATURE, TokenRecords
 
 OUT_NAMES = ("tokens", "image", "height", "width", "label", "label_name")
 Result = tuple[Union[Encoded, bytes, None], Optional[ItemError]]
-_SKIP = "pass --on_error=skip to leave such rows out (counted and listed in metadata.json)"
 
 
 class Columns:
@@ -152,7 +151,7 @@ class Columns:
             columns[name] = column
             if column.null_count:
                 for row in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)).tolist():
-                    errors.setdefault(row, f"column {name!r} is null; fill it, or {_SKIP}")
+                    errors.setdefault(row, f"column {name!r} is null; fill it")
         extras: list[dict[str, tf.train.Feature]] = [{} for _ in range(n)]
         if self.image_field:
             self._images(columns[self.image_field], errors, extras)
@@ -190,12 +189,12 @@ class Columns:
                 at = f" (path {paths[row]!r})" if paths[row] else ""
                 errors[row] = (f"column {self.image_field!r} holds no image bytes{at}: the image lives outside the "
                                "file; save the dataset with its images embedded (datasets' push_to_hub and "
-                               f"save_to_disk embed them), or {_SKIP}")
+                               f"save_to_disk embed them)")
                 continue
             try:
                 _, height, width = image_size(value)
             except NotAnImage as error:
-                errors[row] = f"column {self.image_field!r}: {error}; {_SKIP}"
+                errors[row] = f"column {self.image_field!r}: {error}"
                 continue
             extras[row].update(image=feature(value, "string"), height=feature(height, "int64"),
                                width=feature(width, "int64"))
@@ -228,7 +227,7 @@ class Columns:
             for position in np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False)).tolist():
                 row = int(np.searchsorted(offsets, position, side="right") - 1)
                 errors.setdefault(row, f"column {self.ids_field!r} holds a null id (position {position - offsets[row]}); "
-                                       f"fix it, or {_SKIP}")
+                                       "fix it")
         ids = values.fill_null(0).to_numpy()
         for position in np.flatnonzero((ids < 0) | (ids >= size)).tolist():
             row = int(np.searchsorted(offsets, position, side="right") - 1)
