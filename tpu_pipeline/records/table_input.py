@@ -28,7 +28,7 @@ from tpu_pipeline.records.sharding import RECORD_OVERHEAD
 from tpu_pipeline.records.table_columns import OUT_NAMES, Columns, Result
 from tpu_pipeline.records.table_files import TableFiles
 from tpu_pipeline.records.table_order import SplitOrder
-from tpu_pipeline.records.token_records import MAX_RECORD_TOKENS, TokenRecords
+from tpu_pipeline.records.token_records import MAX_RECORD_TOKENS, TokenRecords, check_token_flags
 from tpu_pipeline.system import local_path
 
 SHUFFLE_WINDOW_MB = 256  # rows are shuffled within windows of about this much data (--shuffle_window_mb)
@@ -178,16 +178,7 @@ class TableSource:
 
 def _check_flags(text_field, ids_field, vocab_size, tokenizer, image_field, label_field, keep_fields,
                  max_record_tokens, shuffle_window_mb) -> None:
-    if text_field and ids_field:
-        raise ConfigError("--text_field and --ids_field: give one of them (text to tokenize, or ids as they are)")
-    if ids_field and vocab_size is None:
-        raise ConfigError("--ids_field needs --vocab_size N: every id must lie in [0, N)")
-    if vocab_size is not None and not ids_field:
-        raise ConfigError("--vocab_size: only with --ids_field (a tokenizer brings its own vocabulary)")
-    if vocab_size is not None and vocab_size < 1:
-        raise ConfigError(f"--vocab_size must be >= 1 (given: {vocab_size})")
-    if ids_field and tokenizer != "bytes":
-        raise ConfigError("--tokenizer: not with --ids_field, whose ids are already tokens")
+    check_token_flags(text_field, ids_field, vocab_size, tokenizer)
     if not (text_field or ids_field) and tokenizer != "bytes":
         raise ConfigError("--tokenizer: only with --text_field (the column to tokenize)")
     if max_record_tokens < 0:

@@ -32,7 +32,9 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.tokenizer import IdsTokenizer, Tokenizer, load_tokenizer
 from tpu_pipeline.records.convert_input import Encoded, ItemError
 from tpu_pipeline.records.parallel import ordered_map
-from tpu_pipeline.records.token_records import FEATURE, LONG_DOCUMENT_TOKENS, MAX_RECORD_TOKENS, TokenRecords
+from tpu_pipeline.records.token_records import (
+    FEATURE, LONG_DOCUMENT_TOKENS, MAX_RECORD_TOKENS, TokenRecords, check_token_flags,
+)
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
 from tpu_pipeline.system import local_path
 
@@ -158,16 +160,7 @@ class TextSource:
     @staticmethod
     def _check_flags(tokenizer: Union[str, Tokenizer], per_line: bool, text_field: Optional[str],
                      ids_field: Optional[str], vocab_size: Optional[int]) -> None:
-        if text_field and ids_field:
-            raise ConfigError("--text_field and --ids_field: give one of them (text to tokenize, or ids as they are)")
-        if ids_field and vocab_size is None:
-            raise ConfigError("--ids_field needs --vocab_size N: every id must lie in [0, N)")
-        if vocab_size is not None and not ids_field:
-            raise ConfigError("--vocab_size: only with --ids_field (a tokenizer brings its own vocabulary)")
-        if vocab_size is not None and vocab_size < 1:
-            raise ConfigError(f"--vocab_size must be >= 1 (given: {vocab_size})")
-        if ids_field and tokenizer != "bytes":
-            raise ConfigError("--tokenizer: not with --ids_field, whose ids are already tokens")
+        check_token_flags(text_field, ids_field, vocab_size, tokenizer)
         if per_line and (text_field or ids_field):
             raise ConfigError("--document_per_line: JSON lines are one document per line already; leave the flag out")
 

@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.format.tokenizer import BYTE_OFFSET, ByteTokenizer, Tokenizer
 from tpu_pipeline.records.convert_input import Encoded
 
@@ -29,6 +30,21 @@ LONG_DOCUMENT_TOKENS = 65_536
 # parse in a few MB, and are longer than any row a model trains on today.
 MAX_RECORD_TOKENS = 65_536
 EMPTY = Encoded((), {"empty": 1})
+
+
+def check_token_flags(text_field: Optional[str], ids_field: Optional[str], vocab_size: Optional[int],
+                      tokenizer: Any) -> None:
+    """The token flags every text converter shares (--from text, parquet, hf), each misuse in one line."""
+    if text_field and ids_field:
+        raise ConfigError("--text_field and --ids_field: give one of them (text to tokenize, or ids as they are)")
+    if ids_field and vocab_size is None:
+        raise ConfigError("--ids_field needs --vocab_size N: every id must lie in [0, N)")
+    if vocab_size is not None and not ids_field:
+        raise ConfigError("--vocab_size: only with --ids_field (a tokenizer brings its own vocabulary)")
+    if vocab_size is not None and vocab_size < 1:
+        raise ConfigError(f"--vocab_size must be >= 1 (given: {vocab_size})")
+    if ids_field and tokenizer != "bytes":
+        raise ConfigError("--tokenizer: not with --ids_field, whose ids are already tokens")
 
 
 def _encode_varint(value: int) -> bytes:
