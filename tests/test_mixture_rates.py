@@ -1,4 +1,5 @@
-"""Rates you can see: each mixed example (in pack mode each token) carries its source, and what `train`
+"""Rates you can see: each mixed example carries its source (in pack mode each row its counts of each
+source's tokens and segments), and what `train`
 reports per source is checked against counts made independently from the tokens themselves.
 
 Three corpora whose token ids name their source (web 1000-1999, code 2000-2999, books 3000-3999), so
@@ -88,13 +89,19 @@ def independent_counts(batch: dict, key: str = "tokens") -> tuple[np.ndarray, np
 def test_every_token_and_example_carries_its_source(corpora, mode):
     seen = np.zeros(3, np.int64)
     for batch in batches(data_section(corpora, mode), 20):
-        tokens, source = batch["tokens"], batch["_source"]
-        if mode == "pack":
-            real = batch["tokens_segment_ids"] > 0
-            assert source.shape == tokens.shape
-            assert np.all(source[~real] == -1)  # padding names no source
-            assert np.array_equal(source[real], tokens[real] // 1000 - 1)
+        tokens = batch["tokens"]
+        if mode == "pack":  # each row counts its tokens and segments of each source
+            segments, owner = batch["tokens_segment_ids"], tokens // 1000 - 1
+            assert "_source" not in batch and batch["_source_tokens"].shape == (len(tokens), 3)
+            for row in range(len(tokens)):
+                real = segments[row] > 0
+                assert np.array_equal(batch["_source_tokens"][row], np.bincount(owner[row][real], minlength=3))
+                firsts = [owner[row][segments[row] == s][0] for s in range(1, segments[row].max() + 1)]
+                assert np.array_equal(batch["_source_segments"][row], np.bincount(firsts, minlength=3).astype(int))
+            seen += batch["_source_segments"].sum(axis=0)
+            continue
         else:
+            source = batch["_source"]
             real = batch["tokens_mask"] == 1
             rows = real[:, 0] if "example_mask" not in batch else real[:, 0] & (batch["example_mask"] > 0)
             assert source.shape == tokens.shape[:1]

@@ -70,11 +70,12 @@ def examples(pipeline: Pipeline) -> list[tuple[int, list[int]]]:
     out = []
     for batch in pipeline.build():
         batch = {k: v.numpy() for k, v in batch.items()}
-        if "tokens_segment_ids" in batch:
-            for row, segments, sources in zip(batch["tokens"], batch["tokens_segment_ids"], batch["_source"]):
-                for segment in range(1, int(segments.max()) + 1):
-                    at = segments == segment
-                    out.append((int(sources[at][0]), row[at].tolist()))
+        if "tokens_segment_ids" in batch:  # a row counts its segments of each source: check them by the ids
+            for row, segments, counts in zip(batch["tokens"], batch["tokens_segment_ids"], batch["_source_segments"]):
+                mine = [(int(row[segments == s][0]) // 1000 - 1, row[segments == s].tolist())
+                        for s in range(1, int(segments.max()) + 1)]
+                assert np.array_equal(counts, np.bincount([source for source, _ in mine], minlength=3))
+                out += mine
             continue
         keep = batch.get("example_mask", np.ones(len(batch["tokens"])))
         for tokens, mask, source, kept in zip(batch["tokens"], batch["tokens_mask"], batch["_source"], keep):

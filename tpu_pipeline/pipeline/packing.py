@@ -172,7 +172,7 @@ def _as_ragged(key: str, tokens: Any) -> tf.RaggedTensor:
 
 def pack_window(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int],
                 algorithm: str = "first_fit_decreasing", overflow: str = "truncate",
-                jit_compile: bool = True, carried: Sequence[str] = ()) -> dict[str, tf.Tensor]:
+                jit_compile: bool = True, counted: Optional[Mapping[str, int]] = None) -> dict[str, tf.Tensor]:
     """Packs one window of examples into rows; TF ops only, for a `dataset.map` or eager use.
 
     `window[k]`: a RaggedTensor [W, None] per key of `lengths` (the same W for all). An example fits
@@ -198,9 +198,10 @@ def pack_window(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int
     sequential placement loop under XLA (same result; False for a TensorFlow build without XLA).
     A window's tokens are indexed in int32: under 2**31 tokens per key per window.
 
-    `carried`: per-example integer features of the window ([W] each, e.g. a mixture's source), each
-    returned as [R, length of the first key]: its example's value on every token of the segment, -1
-    on padding (so a row says, token by token, where its tokens came from).
+    `counted`: per-example integer features of the window ([W] each, e.g. a mixture's source) with the
+    number of values each takes (name → n): each returned as `<name>_tokens` and `<name>_segments`,
+    [R, n] int32: the tokens of the first key and the segments each value has in the row. A few
+    numbers a row, where a value on every token would move a third more bytes through every stage.
     """
     check_packing(lengths, algorithm, overflow)
     keys = list(lengths)
@@ -222,12 +223,13 @@ def pack_window(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int
     for i, key in enumerate(keys):
         out[key], out[f"{key}_segment_ids"], out[f"{key}_positions"] = _rows_of_key(
             ragged[key].values, sources[:, i], sizes[:, i], layout, limit_list[i], sum(limit_list))
-    if carried:  # grouped item of (row r, segment s): the row's first item + s - 1
-        segments = out[f"{keys[0]}_segment_ids"]
-        item = _exclusive_cumsum(layout.per_row)[:, None] + tf.maximum(segments - 1, 0)
-        for name in carried:
-            values = tf.gather(tf.gather(window[name], example), item)
-            out[name] = tf.where(segments > 0, values, tf.constant(-1, values.dtype))
+    for name, count in (counted or {}).items():  # per row and value: one segment sum over the items
+        value = tf.cast(tf.gather(window[name], example), tf.int32)
+        cell = layout.row * count + value
+        cells = layout.num_rows * count
+        out[f"{name}_tokens"] = tf.reshape(tf.math.unsorted_segment_sum(sizes[:, 0], cell, cells), [-1, count])
+        out[f"{name}_segments"] = tf.reshape(
+            tf.math.unsorted_segment_sum(tf.ones_like(cell), cell, cells), [-1, count])
     examples = tf.shape(counts)[0]
     num_rows = layout.num_rows
     out[ROW_EXAMPLES] = layout.per_row
@@ -277,7 +279,7 @@ class Packer(Stage):
     deterministic: Optional[bool] = None
     metadata: bool = False
     jit_compile: bool = True  # XLA for the placement loop; False runs it on TF's executor (~5x slower)
-    carried: tuple[str, ...] = ()  # per-example int features carried to their tokens (pack_window's `carried`)
+    counted: Optional[Mapping[str, int]] = None  # per-example int features counted per row (pack_window's)
 
     def __post_init__(self) -> None:
         check_packing(self.lengths, self.algorithm, self.overflow)
@@ -290,7 +292,7 @@ class Packer(Stage):
         if not isinstance(spec, Mapping):
             raise ConfigError(f"packing needs dict elements of token features, but this dataset yields {spec}")
         for key in spec:
-            if key not in self.lengths and key not in self.carried:
+            if key not in self.lengths and key not in (self.counted or {}):
                 raise ConfigError(f"feature '{key}' is not in sequence.keys: a packed row has no place for it; "
                                   "drop it with an op or add it to sequence.keys")
         ranks = set()
@@ -315,8 +317,9 @@ class Packer(Stage):
         return rank
 
     def pack(self, window: Mapping[str, tf.RaggedTensor]) -> dict[str, tf.Tensor]:
-        rows = pack_window(window, self.lengths, self.algorithm, self.overflow, self.jit_compile, self.carried)
-        return rows if self.metadata else {k: v for k, v in rows.items() if not k.startswith("_") or k in self.carried}
+        rows = pack_window(window, self.lengths, self.algorithm, self.overflow, self.jit_compile, self.counted)
+        kept = {f"{name}_{what}" for name in (self.counted or {}) for what in ("tokens", "segments")}
+        return rows if self.metadata else {k: v for k, v in rows.items() if not k.startswith("_") or k in kept}
 
     def apply(self, dataset: tf.data.Dataset, context: Optional[StageContext] = None) -> tf.data.Dataset:
         windows = dataset.ragged_batch(self.window) if self.check_spec(dataset.element_spec) == 1 else dataset

@@ -44,6 +44,7 @@ class SequencePlan:
     bucket_batch: str = "examples"
     row_shuffle: int = 0  # pack: windows whose rows are permuted together (0: rows in packing order)
     parse_block: int = 0  # pack, batched parse: records parsed together (sized by the mean record)
+    sources: int = 0  # pack, a mixture: its sources, whose tokens and segments each row counts
 
     def __str__(self) -> str:
         window = f", window {self.window}" if self.window else ""

@@ -177,6 +177,7 @@ class PackRows(Windowed):
     num_parallel_calls: Any = "autotune"
     row_shuffle: int = 0  # windows whose rows are permuted together; 0: rows in packing order
     seed: int = 0
+    sources: int = 0  # a mixture's sources: each row counts its tokens and segments of each (0: not a mixture)
 
     def _packer(self, windows_given: bool = True) -> Packer:
         return Packer(dict(self.lengths), None if windows_given else self.window, self.algorithm, self.overflow)
@@ -184,18 +185,22 @@ class PackRows(Windowed):
     def check_features(self, spec: Mapping[str, Any]) -> None:
         # One line naming a feature that would ride along in a row, or a missing or misshapen key.
         given = all(key in spec for key in self.keys) and is_block(spec, self.keys)
-        dataclasses.replace(self._packer(given), carried=carried_keys(spec)).check_spec(spec)
+        dataclasses.replace(self._packer(given), counted=self._counted(spec)).check_spec(spec)
+
+    def _counted(self, spec: Mapping[str, Any]) -> dict[str, int]:
+        """A mixture's source, when parsed: counted per row (`<key>_tokens`, `<key>_segments`)."""
+        return {SOURCE_KEY: self.sources} if SOURCE_KEY in spec and self.sources else {}
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         self.check_features(dataset.element_spec)
         keys, skip = list(self.keys), context.skip
-        carried = carried_keys(dataset.element_spec)
-        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk, carried)
-        # Chunks fit their rows already; a mixture's source goes to every token of its segment.
-        packer = dataclasses.replace(self._packer(), overflow="truncate", carried=carried)
+        counted = self._counted(dataset.element_spec)
+        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk, list(counted))
+        # Chunks fit their rows already; a mixture's source is counted per row.
+        packer = dataclasses.replace(self._packer(), overflow="truncate", counted=counted)
 
         def pack(window: Features) -> Features:
-            rows = packer.pack({key: window[key] for key in [*keys, *carried]})
+            rows = packer.pack({key: window[key] for key in [*keys, *counted]})
             return {**rows, EXAMPLE: window[EXAMPLE][0], CHUNK: window[CHUNK][0]}
 
         calls = tune(self.num_parallel_calls)
@@ -222,11 +227,6 @@ class PackRows(Windowed):
         pools = packed.ragged_batch(self.row_shuffle) if self.row_shuffle > 1 else packed
         pools = pools.map(pool, name="row_pool").unbatch()
         return pools.skip(skip) if skip else pools
-
-
-def carried_keys(spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """The per-example features a packed row carries token by token: a mixture's source tag, when parsed."""
-    return (SOURCE_KEY,) if SOURCE_KEY in spec else ()
 
 
 def bucket_batches(bucket_lengths: Sequence[int], global_batch_size: int, context: tf.distribute.InputContext,

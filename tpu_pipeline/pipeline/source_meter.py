@@ -1,7 +1,8 @@
 """Which source a mixture's batches held: examples and real tokens per source, and their shares beside the weights.
 
 Each mixed example carries its source (`SOURCE_KEY`, its index in data.mixture.sources) up to the
-outputs: one per example, or in pack mode one per token (-1 on padding). `SourceMeter` adds the
+outputs: one per example, or in pack mode each row the tokens and segments it holds of each source
+(`_source_tokens`, `_source_segments`, [n] a row). `SourceMeter` adds the
 counts up in host variables as batches pass (put before the outputs, as `with_source_meter` does);
 `train`, `demo`, `bench` and `doctor` print `shares_line` from it.
 """
@@ -18,22 +19,21 @@ from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
 
 def source_counts(batch: Any, num_sources: int, source_key: str = SOURCE_KEY) -> tuple[tf.Tensor, tf.Tensor]:
-    """(examples [n], real tokens [n]) per source of a batch of a mixture, int64, where `source_key` is
-    each example's source (pad, bucket, no data.sequence: [b]) or each token's (pack: [b, length], -1 on
-    padding). Examples: pack → segments; bucket → rows with `example_mask` 1; else rows. Tokens: those of
-    the first token key (0 without data.sequence)."""
+    """(examples [n], real tokens [n]) per source of a batch of a mixture, int64. Pack mode: each row's
+    `<source_key>_segments` and `<source_key>_tokens` ([b, n]: its segments and tokens of the first key
+    from each source) added up, so examples are segments. Else `source_key` is each example's source
+    ([b]): examples are rows (bucket: rows with `example_mask` 1), tokens those of the first token key
+    (0 without data.sequence)."""
     leaves = dict(_leaves(batch))
+    if f"{source_key}_tokens" in leaves:  # pack: counted per row by the packer
+        return tuple(tf.reduce_sum(tf.cast(tf.convert_to_tensor(leaves[f"{source_key}_{what}"]), tf.int64), axis=0)
+                     for what in ("segments", "tokens"))
     source = tf.cast(tf.convert_to_tensor(leaves[source_key]), tf.int32)
     keys = sequence_keys(batch)
 
     def per_source(ids: tf.Tensor, weights: Optional[tf.Tensor] = None) -> tf.Tensor:
         return tf.math.bincount(ids, weights=weights, minlength=num_sources, maxlength=num_sources, dtype=tf.int64)
 
-    if source.shape.rank == 2:  # pack: a source per token
-        real = source >= 0
-        segments = tf.convert_to_tensor(leaves[keys[0].marker]) if keys and keys[0].packed else tf.cast(real, tf.int32)
-        starts = real & tf.not_equal(segments, tf.pad(segments, [[0, 0], [1, 0]], constant_values=-1)[:, :-1])
-        return per_source(tf.boolean_mask(source, starts)), per_source(tf.boolean_mask(source, real))
     kept = tf.ones_like(source, tf.int64)
     if EXAMPLE_MASK in leaves:
         kept = tf.cast(tf.convert_to_tensor(leaves[EXAMPLE_MASK]) > 0, tf.int64)

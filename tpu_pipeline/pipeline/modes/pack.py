@@ -27,7 +27,8 @@ class PackMode(SequenceMode):
         tokens = window * longest * max(1, pools)
         block, block_why = parse_block(request.source, request.files, request.files_bytes)
         return (SequencePlan("pack", sequence.lengths(), window, sequence.resolved_overflow(), sequence.algorithm,
-                             row_shuffle=pools, parse_block=block),
+                             row_shuffle=pools, parse_block=block,
+                             sources=len(request.config.mixture.sources) if request.config.mixture else 0),
                 f"{key}.mode=pack: {sequence.algorithm} over windows of {window} chunks of at most {longest} "
                 f"tokens" + (" (auto: measured, docs/sequences.md)" if auto else "")
                 + f"; {request.cut()}; {shuffle_why}; at most {tokens:,} tokens per key held at once; {block_why}")
@@ -39,7 +40,8 @@ class PackMode(SequenceMode):
                seed: int) -> list[Any]:
         return [PackRows(list(sequence.lengths), sequence.window, lengths=sequence.lengths,
                          algorithm=sequence.algorithm, overflow=sequence.overflow,
-                         num_parallel_calls=num_parallel_calls, row_shuffle=sequence.row_shuffle, seed=seed), batch]
+                         num_parallel_calls=num_parallel_calls, row_shuffle=sequence.row_shuffle, seed=seed,
+                         sources=sequence.sources), batch]
 
     def fraction(self, lengths: list[int], sequence: SequencePlan, batch_size: int, length: int) -> float:
         return pack_fraction(lengths, length, sequence.window, sequence.algorithm)
