@@ -51,7 +51,7 @@ def rows_are_bounded(pipeline: Any) -> bool:
     windowed = getattr(pipeline, "windowed", None)
     if windowed is None:
         return True
-    return getattr(windowed, "mode_name", None) == "pack" and getattr(windowed, "overflow", None) in ("truncate", "error")
+    return pipeline.sequence_mode.example_in_one_row(getattr(windowed, "overflow", ""))
 
 
 def rows_are_examples(pipeline: Any) -> bool:

@@ -62,6 +62,11 @@ class SequenceMode(abc.ABC):
     shorter_length_helps: ClassVar[bool] = False  # a shorter length (pad: examples cut) fills more
     wider_window_helps: ClassVar[bool] = False  # a wider window (pack: more items to choose from) fills more
 
+    def example_in_one_row(self, overflow: str) -> bool:
+        """Whether every example fills at most one batch row, so a row holds at least one (bucket: no, a
+        bucket's batch may be filler; pack: only where no example is split across rows)."""
+        return True
+
     @abc.abstractmethod
     def plan(self, request: PlanRequest) -> tuple[SequencePlan, str]:
         """The mode's plan, every `auto` resolved, and why (one line for `demo --explain` and doctor)."""

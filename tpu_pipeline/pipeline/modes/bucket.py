@@ -41,6 +41,9 @@ class BucketMode(SequenceMode):
                 f"{request.key}.mode=bucket: {len(bounds)} shapes ({', '.join(map(str, bounds))}), one per step; "
                 f"windows of {window} examples" + (" (auto: 32 global batches)" if auto else "") + f"; {request.cut()}")
 
+    def example_in_one_row(self, overflow: str) -> bool:
+        return False  # a bucket's last batch is filled with padding examples
+
     def parse_block(self, sequence: SequencePlan) -> int:
         return sequence.window  # the window is the batch of records, parsed as one ragged batch
 

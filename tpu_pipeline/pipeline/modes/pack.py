@@ -33,6 +33,9 @@ class PackMode(SequenceMode):
                 f"tokens" + (" (auto: measured, docs/sequences.md)" if auto else "")
                 + f"; {request.cut()}; {shuffle_why}; at most {tokens:,} tokens per key held at once; {block_why}")
 
+    def example_in_one_row(self, overflow: str) -> bool:
+        return overflow in ("truncate", "error")  # split: a long example's pieces fill several rows
+
     def parse_block(self, sequence: SequencePlan) -> int:
         return sequence.parse_block  # blocks of records parsed as one ragged batch, then cut into chunks
 
