@@ -126,7 +126,9 @@ class MixtureSource(RecordFileSource):
                                      record_block=read.record_block or SOURCE_BLOCK)
         parts = tuple(dataclasses.replace(part, source=part.source.with_read(
             dataclasses.replace(blocks, seed=source_seed(read.seed, part.name)))) for part in self.parts)
-        return dataclasses.replace(self, parts=parts, read=dataclasses.replace(read, cache_records=False))
+        # cache_records (the plan's record_cache) stays the mixture's own: each source then reads its epochs from
+        # all its records held in memory (`_stream`), the same stream as from its files.
+        return dataclasses.replace(self, parts=parts, read=read)
 
     def _totals(self, context: tf.distribute.InputContext) -> list[Optional[int]]:
         return [None if part.exhausted == "repeat" else self._length(part, context) for part in self.parts]
@@ -278,14 +280,29 @@ class MixtureSource(RecordFileSource):
     def _stream(self, index: int, part: MixturePart, context: tf.distribute.InputContext, taken: int,
                 total: Optional[int]) -> tf.data.Dataset:
         """Source `index` after its first `taken` records, as vectors of records: its epochs (each with its
-        file order and window shuffle) from epoch taken // L, the first taken % L records of that one cut off."""
+        file order and window shuffle) from epoch taken // L, the first taken % L records of that one cut off.
+
+        With the record cache (read.cache_records), every record of the source's files is read once into one
+        vector in memory (all of them, whichever this input pipeline's share: its share moves between files
+        as their order changes each epoch) and each epoch takes its records from there: the same stream,
+        byte for byte, with no file read after the first.
+        """
         length = self._length(part, context)
         first, skip = divmod(taken, length)
         shuffle = WindowShuffle(self.shuffle_buffer, source_seed(self.seed, part.name), self.reshuffle_each_iteration,
                                 num_parallel_calls="autotune", deterministic=True)
+        files = part.source.files_source()
+        cached = None
+        if self.read.cache_records:
+            paths = files.tfrecord_files()
+            cached = tf.data.TFRecordDataset(paths, compression_type=files.compression,
+                                             buffer_size=files.read.buffer_bytes(paths[0])).batch(1 << 62).cache()
 
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-            records = part.source.build(context, epoch)
+            if cached is None:
+                records = part.source.build(context, epoch)
+            else:
+                records = cached.flat_map(lambda every: files.build(context, epoch, records=every))
             if self.shuffle_buffer:
                 records = shuffle.apply(records, StageContext(context, epoch=epoch))
             return records

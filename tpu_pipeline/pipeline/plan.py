@@ -17,7 +17,7 @@ import tensorflow as tf
 from tpu_pipeline.config.data import DataConfig, FeatureConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import check_ops, get_op
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY
+from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY, MixtureSource
 from tpu_pipeline.pipeline.modes import plan_sequence
 from tpu_pipeline.pipeline.source_base import ReadOptions, Source
 from tpu_pipeline.system import available_memory_bytes
@@ -239,7 +239,7 @@ def _files_bytes(files: tuple[str, ...], limit: int) -> Optional[int]:
 
 def _data_bytes(config: DataConfig, source: Source, files: tuple[str, ...]) -> Optional[int]:
     """The files' size up to 1/4 of available memory, measured only when a record cache could apply."""
-    if not files or config.cache.enabled or config.repeat == 1 or source.compression:
+    if not files or config.cache.enabled or config.repeat == 1 or _compressed(source):
         return None
     return _files_bytes(files, max(record_cache_budget(), available_memory_bytes() // DOCTOR_MEMORY_SHARE))
 
@@ -259,9 +259,6 @@ def _record_cache(config: DataConfig, source: Source, files: tuple[str, ...], pa
     if requested is False:
         return Decision(False, f"{key}=false")
     if requested is True:
-        if config.mixture is not None:
-            raise ConfigError(f"{key}=true: {prefix}.mixture reads each source on its own, with no record cache; "
-                              f"set {key}=auto")
         if not files:
             raise ConfigError(
                 f"{key}=true holds serialized TFRecord records, but this source ({type(source).__name__}) reads no "
@@ -276,7 +273,7 @@ def _record_cache(config: DataConfig, source: Source, files: tuple[str, ...], pa
     if not files:
         return Decision(False, "auto: the source reads no TFRecord files")
     if config.mixture is not None:
-        return Decision(False, f"auto: {prefix}.mixture reads each source on its own")
+        return _mixture_record_cache(config, source, data_bytes)
     if config.cache.enabled:
         return Decision(False, f"auto: {prefix}.cache.enabled caches the parsed examples already")
     if config.repeat == 1:
@@ -295,6 +292,30 @@ def _record_cache(config: DataConfig, source: Source, files: tuple[str, ...], pa
                                "(min(1 GiB, 1/8 of available memory))")
     return Decision(True, f"auto: {data_bytes / 2**20:,.1f} MiB of files fit the budget of {budget / 2**20:,.0f} MiB; "
                           "later epochs read no file and shuffle all records")
+
+
+def _compressed(source: Source) -> bool:
+    """Whether a file read is compressed (a mixture: any of its sources')."""
+    parts = source.record_sources() if isinstance(source, MixtureSource) else (source,)
+    return any(part.compression for part in parts)
+
+
+def _mixture_record_cache(config: DataConfig, source: Source, data_bytes: Optional[int]) -> Decision:
+    """record_cache auto for a mixture: the single source's budget, for all its sources' files together. Each
+    source then reads every epoch from its records in memory, the same stream as from its files (no reshuffle
+    after the cache: a mixture's resume needs that stream)."""
+    if not any(entry.exhausted == "repeat" for entry in config.mixture.sources):
+        return Decision(False, "auto: every source of the mixture is read once (exhausted: drop or stop), "
+                               "nothing to reuse")
+    if _compressed(source):
+        return Decision(False, "auto: compressed files (the records in memory would be larger, by an unknown factor)")
+    budget = record_cache_budget()
+    if data_bytes is None or data_bytes > budget:
+        return Decision(False, f"auto: the mixture's files exceed the budget of {budget / 2**20:,.0f} MiB "
+                               "(min(1 GiB, 1/8 of available memory)); every epoch reads them again")
+    return Decision(True, f"auto: the mixture's {data_bytes / 2**20:,.1f} MiB of files fit the budget of "
+                          f"{budget / 2**20:,.0f} MiB; each source reads its later epochs from memory (the same "
+                          "records in the same order)")
 
 
 def _order(config: DataConfig, source: Source, files: tuple[str, ...], prefix: str) -> Decision:

@@ -31,7 +31,9 @@ class ReadOptions:
     buffer_size: Union[int, str] = "auto"  # read buffer per file in bytes; auto: by local or remote path
     record_block: int = 0  # records per interleave element (0: single records)
     keep_blocks: bool = False  # with record_block: yield the blocks (for WindowShuffle or Batch(records=True))
-    cache_records: bool = False  # hold what the interleave yields in memory after the first epoch
+    # Hold what the interleave yields in memory after the first epoch (a mixture: each source's records, all of
+    # them, read once; every epoch then takes its share from memory, the same stream as from the files).
+    cache_records: bool = False
     cover_all: bool = False  # balanced shares of every record, uneven by one (evaluation): none left out
 
     def buffer_bytes(self, path: str) -> int:

@@ -215,7 +215,10 @@ class TFRecordSource(RecordFileSource):
             return high - low
         return None  # file shards differ per epoch; element shards of blocks are uneven
 
-    def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
+    def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None,
+              records: Optional[tf.Tensor] = None) -> tf.data.Dataset:
+        """This input pipeline's records of `epoch`. `records`: every record of the files in file-list order,
+        one vector in memory (a mixture's record cache): the same stream, taken from it with no file read."""
         read = self.read
         files = self.tfrecord_files()
         buffer = read.buffer_bytes(files[0])
@@ -225,8 +228,10 @@ class TFRecordSource(RecordFileSource):
             # The same permutation on every input pipeline (it depends on seed and epoch only), so
             # shards never overlap; a new one each epoch.
             order = seeds.file_order(len(files), read.seed, 0 if epoch is None else epoch)
-        if mode == "balanced":
-            return self._finish(self._read_balanced(files, order, context, buffer))
+        if mode == "balanced" or records is not None:
+            if mode not in ("balanced", "none"):
+                raise ValueError(f"records in memory are read balanced or unsharded, not with sharding {mode!r}")
+            return self._finish(self._read_balanced(files, order, context, buffer, records, every=mode == "none"))
         names = tf.constant(files) if order is None else tf.gather(tf.constant(files), order)
         dataset = tf.data.Dataset.from_tensor_slices(names)
         if mode == "file":
@@ -255,13 +260,15 @@ class TFRecordSource(RecordFileSource):
         return self._finish(dataset)
 
     def _read_balanced(self, files: list[str], order: Optional[tf.Tensor], context: tf.distribute.InputContext,
-                       buffer: int) -> tf.data.Dataset:
-        """Records [i*L, (i+1)*L) of the epoch's files laid end to end: (file, skip, take) per file touched."""
+                       buffer: int, records: Optional[tf.Tensor] = None, every: bool = False) -> tf.data.Dataset:
+        """Records [i*L, (i+1)*L) of the epoch's files laid end to end: (file, skip, take) per file touched.
+        `records` (all of them, file-list order): each file's run taken from it. `every`: unsharded, the
+        same interleave as reading whole files (every file, an empty one too, in its order)."""
         read = self.read
         counts = self.record_counts()
-        pipelines, index = context.num_input_pipelines, context.input_pipeline_id
+        pipelines, index = (1, 0) if every else (context.num_input_pipelines, context.input_pipeline_id)
         length = sum(counts) // pipelines
-        if length == 0 and not read.cover_all:
+        if length == 0 and not read.cover_all and not every:
             raise DataError(f"data.source: {sum(counts)} record(s) cannot be split between {pipelines} input pipelines")
         left_out = 0 if read.cover_all else sum(counts) - length * pipelines
         if left_out and index == 0:
@@ -269,15 +276,17 @@ class TFRecordSource(RecordFileSource):
                 "%d of %d records are left out of each epoch so that each of the %d input pipelines reads %d (the "
                 "last of each epoch's order: other ones every epoch when files are shuffled)",
                 left_out, sum(counts), pipelines, length)
-        names, sizes = tf.constant(files), tf.constant(counts, tf.int64)
+        # Each file: its name, or (records in memory) where its records begin in `records`.
+        names = tf.constant(files) if records is None else tf.constant(np.cumsum(counts) - np.asarray(counts), tf.int64)
+        sizes = tf.constant(counts, tf.int64)
         if order is not None:
             names, sizes = tf.gather(names, order), tf.gather(sizes, order)
         ends = tf.cumsum(sizes)
         starts = ends - sizes
-        low, high = balanced_range(sum(counts), context, read.cover_all)
+        low, high = (0, sum(counts)) if every else balanced_range(sum(counts), context, read.cover_all)
         skip = tf.clip_by_value(low - starts, 0, sizes)
         stop = tf.clip_by_value(high - starts, 0, sizes)
-        touched = stop > skip
+        touched = tf.ones_like(sizes, tf.bool) if every else stop > skip
         dataset = tf.data.Dataset.from_tensor_slices((
             tf.boolean_mask(names, touched), tf.boolean_mask(skip, touched), tf.boolean_mask(stop - skip, touched)))
         # Files a range touches: at most its share of the files plus the two it shares with neighbours.
@@ -286,8 +295,12 @@ class TFRecordSource(RecordFileSource):
         if cycle != AUTOTUNE:
             cycle = max(1, min(cycle, most))
         sequential = read.num_parallel_calls == 0
+        if records is None:
+            one_file = lambda path, first, count: self._read_file(path, buffer, first, count)  # noqa: E731
+        else:
+            one_file = lambda begin, first, count: self._read_memory(records, begin + first, count)  # noqa: E731
         return dataset.interleave(
-            lambda path, first, count: self._read_file(path, buffer, first, count),
+            one_file,
             cycle_length=cycle, block_length=read.block_length,
             num_parallel_calls=None if sequential else tune(read.num_parallel_calls),
             deterministic=None if sequential else read.deterministic,
@@ -303,6 +316,16 @@ class TFRecordSource(RecordFileSource):
         if read.record_block and not read.keep_blocks:
             dataset = dataset.unbatch()
         return dataset
+
+    def _read_memory(self, records: tf.Tensor, begin: tf.Tensor, count: tf.Tensor) -> tf.data.Dataset:
+        """records[begin: begin + count] as _read_file yields a file's: in blocks of record_block, or singly. Each
+        record is copied once, by a gather: a slice would share `records`' buffer, and tf.data's memory accounting
+        logs an error for every element that does."""
+        block = self.read.record_block
+        if not block:
+            return tf.data.Dataset.range(count).map(lambda k: tf.gather(records, begin + k))
+        return tf.data.Dataset.range((count + block - 1) // block).map(
+            lambda k: tf.gather(records, tf.range(begin + k * block, begin + tf.minimum((k + 1) * block, count))))
 
     def _read_file(self, path: tf.Tensor, buffer: int, skip: Optional[tf.Tensor] = None,
                    take: Optional[tf.Tensor] = None) -> tf.data.Dataset:
