@@ -9,13 +9,13 @@ packed into rows (data.sequence pack, truncate) and batched by 64, on one input 
 
   one source            data.source: all four shards (the plan's own choices: window shuffle, and
                         the record cache: from the second epoch on it reads no file)
-  one source, no cache  the same with data.cache.records: false (every epoch read from the files,
-                        as a mixture's sources are: the plan gives a mixture no record cache)
+  one source, no cache  the same with data.cache.records: false (every epoch read from the files;
+                        a mixture's sources replay theirs from memory when the plan's record cache is on)
   ours mixture (3)      data.mixture of the three, our schedule (each source shuffles its own records),
-                        every record tagged with its source, `_source` parsed and carried per token
+                        every record tagged with its source, `_source` parsed and counted per row
   ours, not carried     the same mixture, `_source` parsed but dropped right after the parse (pack
-                        and batch never see it): what carrying it to every token costs
-  ours, no tag          the same mixture with no tag appended and no `_source` parsed or carried:
+                        and batch never see it): what counting it per packed row costs
+  ours, no tag          the same mixture with no tag appended and no `_source` parsed or counted:
                         what the tag costs, end to end
   sample_from_datasets  the same three sources, read and shuffled alike, mixed by tf.data's own
                         `tf.data.Dataset.sample_from_datasets(weights=..., seed=...)` instead of ours;
@@ -170,8 +170,8 @@ def main() -> None:
         print(f"{pipeline:22s} {med('tok_s') / 1e6:7.2f} {med('tok_cpu_s') / 1e6:10.2f} {cells[0]:>14s} {cells[1]:>16s} "
               f"{cells[2]:>17s}")
     print("(median (worst) over rounds; no cache: one source with data.cache.records: false, every epoch read from the "
-          "files as a mixture's sources are; not carried: `_source` parsed, then dropped before pack and batch; no tag: "
-          "no source tag appended, `_source` not parsed nor carried)")
+          "files; not carried: `_source` parsed, then dropped before pack and batch; no tag: "
+          "no source tag appended, `_source` not parsed nor counted)")
     for label, source in (("ours mixture (3)", ours), ("sample_from_datasets", theirs)):
         found = shares(source, args.records)
         print(f"{label:22s} shares {', '.join(f'{s:.4f}' for s in found['shares'])} of {args.records:,} records (weights "
