@@ -287,11 +287,19 @@ def _record_cache(config: DataConfig, source: Source, files: tuple[str, ...], pa
     if source.compression:
         return Decision(False, "auto: compressed files (the records in memory would be larger, by an unknown factor)")
     budget = record_cache_budget()
-    if data_bytes is None or data_bytes > budget:
-        return Decision(False, f"auto: the files exceed the budget of {budget / 2**20:,.0f} MiB "
-                               "(min(1 GiB, 1/8 of available memory))")
+    over = _over_budget(data_bytes, budget, "the files")
+    if over is not None:
+        return over
     return Decision(True, f"auto: {data_bytes / 2**20:,.1f} MiB of files fit the budget of {budget / 2**20:,.0f} MiB; "
                           "later epochs read no file and shuffle all records")
+
+
+def _over_budget(data_bytes: Optional[int], budget: int, what: str, then: str = "") -> Optional[Decision]:
+    """record_cache auto's refusal when `what` (files of `data_bytes`, None: not measured) exceed the budget."""
+    if data_bytes is None or data_bytes > budget:
+        return Decision(False, f"auto: {what} exceed the budget of {budget / 2**20:,.0f} MiB "
+                               f"(min(1 GiB, 1/8 of available memory)){then}")
+    return None
 
 
 def _compressed(source: Source) -> bool:
@@ -310,9 +318,9 @@ def _mixture_record_cache(config: DataConfig, source: Source, data_bytes: Option
     if _compressed(source):
         return Decision(False, "auto: compressed files (the records in memory would be larger, by an unknown factor)")
     budget = record_cache_budget()
-    if data_bytes is None or data_bytes > budget:
-        return Decision(False, f"auto: the mixture's files exceed the budget of {budget / 2**20:,.0f} MiB "
-                               "(min(1 GiB, 1/8 of available memory)); every epoch reads them again")
+    over = _over_budget(data_bytes, budget, "the mixture's files", "; every epoch reads them again")
+    if over is not None:
+        return over
     return Decision(True, f"auto: the mixture's {data_bytes / 2**20:,.1f} MiB of files fit the budget of "
                           f"{budget / 2**20:,.0f} MiB; each source reads its later epochs from memory (the same "
                           "records in the same order)")
