@@ -12,18 +12,20 @@ packed into rows (data.sequence pack, truncate) and batched by 64, on one input 
   one source, no cache  the same with data.cache.records: false (every epoch read from the files;
                         a mixture's sources replay theirs from memory when the plan's record cache is on)
   ours mixture (3)      data.mixture of the three, our schedule (each source shuffles its own records),
-                        every record tagged with its source, `_source` parsed and counted per row
-  ours, not carried     the same mixture, `_source` parsed but dropped right after the parse (pack
-                        and batch never see it): what counting it per packed row costs
-  ours, no tag          the same mixture with no tag appended and no `_source` parsed or counted:
-                        what the tag costs, end to end
+                        each record's source beside it, added after the parse as `_source` and
+                        counted per packed row
+  ours, not carried     the same mixture, the sources dropped at the parse (pack and batch never see
+                        them): what carrying and counting them costs
+  ours, no cache        the mixture with data.cache.records: false (each source reads every epoch
+                        from its files, and each block is laid out from the records read): compare
+                        with one source, no cache
   sample_from_datasets  the same three sources, read and shuffled alike, mixed by tf.data's own
                         `tf.data.Dataset.sample_from_datasets(weights=..., seed=...)` instead of ours;
                         everything else (parse, pack, batch) the same pipeline
 
 Throughput: non-padding tokens per second and per CPU-second, ratios within a round (median and
 worst over rounds), to one source and to one source without its record cache. Shares: the first
---records records of each mixer's stream, by the source tag every record carries: the delivered
+--records records of each mixer's stream, by the source beside every record: the delivered
 example shares, and the largest gap between a source's share and its weight over every prefix of
 at least 1,000 records (ours is stratified: within a block's quota; tf.data draws each choice
 independently).
@@ -48,7 +50,8 @@ import sequence_workloads  # noqa: E402
 from bench_sequences import BATCH, KEY, WORKLOADS, count_segments, measure  # noqa: E402
 from tpu_pipeline.config import config_from_dict  # noqa: E402
 from tpu_pipeline.pipeline import Pipeline  # noqa: E402
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY, MixtureSource, source_seed, source_tag  # noqa: E402
+from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY, mixed  # noqa: E402
+from tpu_pipeline.pipeline.mixture_source import MixtureSource, source_seed  # noqa: E402
 from tpu_pipeline.pipeline.parse import make_parser  # noqa: E402
 
 WEIGHTS = (0.5, 0.3, 0.2)
@@ -57,15 +60,15 @@ GROUPS = ((0, 1), (2,), (3,))  # shards of each source
 
 @dataclasses.dataclass(frozen=True)
 class SampledMixture(MixtureSource):
-    """Our mixture's sources (read, shuffled and tagged alike), mixed by tf.data's sample_from_datasets."""
+    """Our mixture's sources (read and shuffled alike, each record with its source), mixed by tf.data's
+    sample_from_datasets."""
 
     def build_from(self, context: tf.distribute.InputContext, delivered: int) -> tf.data.Dataset:
         assert delivered == 0, "sample_from_datasets resumes only by tf.data's own iterator checkpoint"
         streams = []
         for index, part in enumerate(self.parts):
-            tag = tf.constant(source_tag(index))
             records = self._stream(index, part, context, 0, None).unbatch()  # tf.data's mixer takes single records
-            streams.append(records.map(lambda record, tag=tag: tf.strings.join([record, tag])))
+            streams.append(records.map(lambda record, index=index: mixed(record, index)))
         return tf.data.Dataset.sample_from_datasets(streams, weights=list(self.weights),
                                                     seed=source_seed(self.seed, "sample_from_datasets"))
 
@@ -75,7 +78,7 @@ def shard_files(directory: str, shards: tuple[int, ...]) -> list[str]:
     return [os.path.join(directory, names[index]) for index in shards]
 
 
-def configs(directory: str, length: int, shuffle: bool) -> tuple[dict, dict, dict]:
+def configs(directory: str, length: int, shuffle: bool) -> tuple[dict, dict, dict, dict]:
     common = {"features": {KEY: {"dtype": "int64", "kind": "ragged"}},
               "sequence": {"keys": [KEY], "length": length, "mode": "pack", "overflow": "truncate"},
               "batch_size": BATCH, "repeat": "forever",
@@ -85,7 +88,7 @@ def configs(directory: str, length: int, shuffle: bool) -> tuple[dict, dict, dic
     sources = [{"name": f"part{index}", "weight": weight, "source": {"type": "tfrecord", "files": shard_files(directory, group)}}
                for index, (weight, group) in enumerate(zip(WEIGHTS, GROUPS))]
     mixed = {"data": {"mixture": {"sources": sources}, **common}}
-    return one, uncached, mixed
+    return one, uncached, mixed, {"data": {**mixed["data"], "cache": {"records": False}}}
 
 
 def with_parse(pipeline: Pipeline, parse: Callable) -> Pipeline:
@@ -96,19 +99,12 @@ def with_parse(pipeline: Pipeline, parse: Callable) -> Pipeline:
 
 
 def not_carried(pipeline: Pipeline) -> Pipeline:
-    """The mixture's records parsed with `_source` (tagged as ever), which is dropped right after the parse."""
+    """The mixture with its sources dropped at the parse: the records parsed alone, no stage after carries them."""
     parse = make_parser(pipeline.plan.features.value, batched=pipeline.plan.parse.value == "batched")
-    return with_parse(pipeline, lambda records: {k: v for k, v in parse(records).items() if k != SOURCE_KEY})
+    return with_parse(pipeline, lambda element: parse(element[RECORDS_KEY]))
 
 
-def without_tag(pipeline: Pipeline) -> Pipeline:
-    """The mixture with no source tag: records untouched, a parse without `_source` (so no stage carries it)."""
-    features = {name: spec for name, spec in pipeline.plan.features.value.items() if name != SOURCE_KEY}
-    untagged = pipeline.with_source(dataclasses.replace(pipeline.source, tag_records=False))
-    return with_parse(untagged, make_parser(features, batched=pipeline.plan.parse.value == "batched"))
-
-
-def pipelines(one: dict, uncached: dict, mixed: dict) -> dict:
+def pipelines(one: dict, uncached: dict, mixed: dict, mixed_uncached: dict) -> tuple:
     mixed_config = config_from_dict(mixed).data
     ours = Pipeline.from_config(mixed_config)
     theirs = ours.with_source(SampledMixture(**{field.name: getattr(ours.source, field.name)
@@ -117,17 +113,15 @@ def pipelines(one: dict, uncached: dict, mixed: dict) -> dict:
             "one source, no cache": lambda: Pipeline.from_config(config_from_dict(uncached).data).build(),
             "ours mixture (3)": ours.build,
             "ours, not carried": not_carried(ours).build,
-            "ours, no tag": without_tag(ours).build,
+            "ours, no cache": lambda: Pipeline.from_config(config_from_dict(mixed_uncached).data).build(),
             "sample_from_datasets": theirs.build}, ours.source, theirs.source
 
 
 def shares(source: MixtureSource, records: int) -> dict:
     """Delivered example shares of a mixer's first `records` records, and the worst prefix gap."""
-    spec = {SOURCE_KEY: tf.io.FixedLenFeature([], tf.int64)}
-    stream = source.build_from(tf.distribute.InputContext(), 0)
+    stream = source.build_from(tf.distribute.InputContext(), 0).map(lambda element: element[SOURCE_KEY])
     stream = stream.unbatch() if stream.element_spec.shape.rank == 1 else stream
-    tags = np.concatenate([tf.io.parse_example(block, spec)[SOURCE_KEY].numpy() for block in
-                           stream.take(records).batch(8192)])
+    tags = np.concatenate([block.numpy() for block in stream.take(records).batch(8192)])
     counts = np.cumsum(np.eye(len(WEIGHTS), dtype=np.int64)[tags], axis=0)
     prefix = np.arange(1, len(tags) + 1)[:, None]
     gaps = np.abs(counts / prefix - np.asarray(WEIGHTS))[999:]
@@ -170,8 +164,8 @@ def main() -> None:
         print(f"{pipeline:22s} {med('tok_s') / 1e6:7.2f} {med('tok_cpu_s') / 1e6:10.2f} {cells[0]:>14s} {cells[1]:>16s} "
               f"{cells[2]:>17s}")
     print("(median (worst) over rounds; no cache: one source with data.cache.records: false, every epoch read from the "
-          "files; not carried: `_source` parsed, then dropped before pack and batch; no tag: "
-          "no source tag appended, `_source` not parsed nor counted)")
+          "files; not carried: the sources dropped at the parse, never counted; ours, no cache: the mixture with "
+          "data.cache.records: false, compare it with one source, no cache)")
     for label, source in (("ours mixture (3)", ours), ("sample_from_datasets", theirs)):
         found = shares(source, args.records)
         print(f"{label:22s} shares {', '.join(f'{s:.4f}' for s in found['shares'])} of {args.records:,} records (weights "

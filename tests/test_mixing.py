@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions, block_quotas
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY, MixturePart, MixtureSource
+from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY
+from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.source_base import ReadOptions
 from tpu_pipeline.pipeline.sources import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords
@@ -122,11 +123,12 @@ def mixture(files, exhausted=("repeat", "repeat", "repeat"), weights=(0.5, 0.3, 
     return MixtureSource(parts, weights, seed=seed, shuffle_buffer=shuffle).with_read(ReadOptions(seed=seed))
 
 
-SPEC = {"id": tf.io.FixedLenFeature([], tf.int64), SOURCE_KEY: tf.io.FixedLenFeature([], tf.int64)}
+SPEC = {"id": tf.io.FixedLenFeature([], tf.int64)}
 
 
 def examples(dataset, limit=None):
-    dataset = dataset.map(lambda record: tf.io.parse_single_example(record, SPEC))
+    dataset = dataset.map(lambda element: {**tf.io.parse_single_example(element[RECORDS_KEY], SPEC),
+                                           SOURCE_KEY: element[SOURCE_KEY]})
     dataset = dataset.take(limit) if limit is not None else dataset
     return [(int(e[SOURCE_KEY]), int(e["id"])) for e in dataset.as_numpy_iterator()]
 

@@ -15,6 +15,7 @@ import yaml
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
+from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY
 from tpu_pipeline.pipeline.mixture_check import check_mixture_length, check_training_mixture, training_need
 from tpu_pipeline.records.writer import write_split
 from tpu_pipeline.testing.data import write_tfrecords
@@ -42,7 +43,7 @@ def delivered(pipeline: Pipeline, context=None) -> int:
     """Examples the mixture's records really make on one input pipeline (read to its end)."""
     records = pipeline.source.build(context or tf.distribute.InputContext())
     # Records alone or in blocks (as the plan reads them): count them either way.
-    return int(records.reduce(np.int64(0), lambda count, r: count + tf.size(r, out_type=tf.int64)).numpy())
+    return int(records.reduce(np.int64(0), lambda count, e: count + tf.size(e[RECORDS_KEY], out_type=tf.int64)).numpy())
 
 
 def test_a_stop_source_too_small_for_the_run_is_named_with_its_records_weight_and_the_fix(sources):

@@ -11,6 +11,7 @@ import yaml
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.builder import Pipeline
+from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY
 from tpu_pipeline.records.writer import bytes_feature, int_feature, write_split
 
 COUNTS = {"web": 50, "code": 30, "books": 20}
@@ -51,7 +52,7 @@ def eval_config(corpora, exhausted, sequence=None) -> DataConfig:
 def mixed_ids(pipeline: Pipeline, context: tf.distribute.InputContext) -> list[int]:
     """The documents the mixture's records hold on one input pipeline, in order (its raw stream, parsed)."""
     spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
-    records = pipeline.source.build(context)
+    records = pipeline.source.build(context).map(lambda element: element[RECORDS_KEY])  # (their sources beside)
     if records.element_spec.shape.rank:
         records = records.unbatch()
     return [int(i) for i in records.map(lambda r: tf.io.parse_single_example(r, spec)["id"]).as_numpy_iterator()]

@@ -1,8 +1,9 @@
 """A mixture's record cache: each source read from its records in memory gives its file stream, byte for byte.
 
-With the plan's record_cache on, `MixtureSource._stream` reads every record of a source's files once into
-one vector and each epoch takes its records from there (`TFRecordSource.build(..., records=...)`): same
-per-epoch file order, same balanced share, same blocks. The streams must be identical, so a resume on a
+With the plan's record_cache on, `MixtureSource._record_cache` reads every record of every source's files
+once into one vector, each source's epochs are read as indices into it (`TFRecordSource.build(...,
+records=...)`: same per-epoch file order, same balanced share, same blocks, same window shuffle), and each
+block of the mixture is one gather. The streams must be identical, records and sources, so a resume on a
 machine that decides the cache differently still continues exactly.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import tensorflow as tf
 import yaml
 
 from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.plan import make_plan
 from tpu_pipeline.pipeline.source_base import ReadOptions
@@ -50,8 +52,12 @@ def mixture(sources, exhausted, cache, compression=None, weights=(0.5, 0.3, 0.2)
     return source.with_read(ReadOptions(seed=5, record_block=16, cache_records=cache))
 
 
-def records(source: MixtureSource, context: tf.distribute.InputContext, start: int) -> list[bytes]:
-    return [bytes(record) for record in source.build_from(context, start).take(LIMIT).as_numpy_iterator()]
+def element(mixed: dict) -> tuple[int, bytes]:
+    return int(mixed[SOURCE_KEY]), bytes(mixed[RECORDS_KEY])
+
+
+def records(source: MixtureSource, context: tf.distribute.InputContext, start: int) -> list[tuple[int, bytes]]:
+    return [element(mixed) for mixed in source.build_from(context, start).take(LIMIT).as_numpy_iterator()]
 
 
 @pytest.mark.parametrize("exhausted", [("repeat",) * 3, ("drop", "repeat", "stop")])
@@ -97,10 +103,10 @@ def test_after_the_first_read_no_file_is_read(three_sources, tmp_path):
     exhausted = ("repeat",) * 3
     expected = records(mixture(sources, exhausted, False, kinds), context, 0)
     stream = mixture(sources, exhausted, True, kinds).build_from(context, 0).as_numpy_iterator()
-    got = [bytes(next(stream)) for _ in range(10)]  # every source has read all its records once
+    got = [element(next(stream)) for _ in range(10)]  # every source has read all its records once
     for path in glob.glob(str(tmp_path / "*" / "*")):
         os.remove(path)
-    got += [bytes(next(stream)) for _ in range(LIMIT - 10)]
+    got += [element(next(stream)) for _ in range(LIMIT - 10)]
     assert got == expected
 
 

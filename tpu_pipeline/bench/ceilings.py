@@ -17,6 +17,7 @@ from tpu_pipeline.bench.measure import Measurement, measure_for, summarize
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.format import DatasetInfo
 from tpu_pipeline.pipeline import Pipeline, Source
+from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY, is_mixed, mixed, records_spec
 
 
 def single_thread_options() -> tf.data.Options:
@@ -31,13 +32,17 @@ def single_thread_options() -> tf.data.Options:
 
 def records_in_memory(config: DataConfig, count: int) -> "InMemoryRecords":
     """The first `count` serialized records the config's source yields (epoch 0's file order), with
-    the feature spec the config's plan parses them with."""
+    the feature spec the config's plan parses them with; a mixture's with each record's source."""
     uncached = config.model_copy(update={"cache": config.cache.model_copy(update={"records": False})})
     pipeline = Pipeline.from_config(uncached)
     dataset = pipeline.source.build(tf.distribute.InputContext())
-    if dataset.element_spec.shape.rank == 1:  # blocks of records
+    if records_spec(dataset.element_spec).shape.rank == 1:  # blocks of records
         dataset = dataset.unbatch()
-    return InMemoryRecords(list(dataset.take(count).as_numpy_iterator()), pipeline.plan.features.value)
+    elements = list(dataset.take(count).as_numpy_iterator())
+    if not is_mixed(dataset.element_spec):
+        return InMemoryRecords(elements, pipeline.plan.features.value)
+    return InMemoryRecords([element[RECORDS_KEY] for element in elements], pipeline.plan.features.value,
+                           sources=[int(element[SOURCE_KEY]) for element in elements])
 
 
 def in_memory_config(config: DataConfig) -> DataConfig:
@@ -78,18 +83,23 @@ def one_thread_work(config: DataConfig, records: "InMemoryRecords") -> tf.data.D
 
 @dataclasses.dataclass(frozen=True)
 class InMemoryRecords(Source):
-    """Serialized records held in memory (the ceilings' and the doctor's input), with their feature spec."""
+    """Serialized records held in memory (the ceilings' and the doctor's input), with their feature spec;
+    a mixture's with each record's source (`sources`), yielded as mixed elements as the mixture yields them."""
 
     yields_records: ClassVar[bool] = True
 
     records: list
     features: dict = dataclasses.field(default_factory=dict)
+    sources: Optional[list] = None
 
     def info(self) -> DatasetInfo:
         return DatasetInfo(len(self.records), None, dict(self.features))
 
     def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
-        return tf.data.Dataset.from_tensor_slices(tf.constant(self.records, tf.string))
+        records = tf.constant(self.records, tf.string)
+        if self.sources is None:
+            return tf.data.Dataset.from_tensor_slices(records)
+        return tf.data.Dataset.from_tensor_slices(mixed(records, tf.constant(self.sources, tf.int32)))
 
 
 @dataclasses.dataclass(frozen=True)

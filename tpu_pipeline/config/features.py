@@ -48,7 +48,7 @@ class FeatureConfig(StrictModel):
     @property
     def parsed_dtype(self) -> str:
         """The dtype the parsed feature has: `dtype`, but int32 for int64 ragged and sequence features
-        unless `cast: int64` (a spec the package makes itself, a mixture's source tag, may narrow a fixed one)."""
+        unless `cast: int64`."""
         if self.cast is not None:
             return self.cast
         if self.kind in SEQUENCE_KINDS and self.dtype == "int64":

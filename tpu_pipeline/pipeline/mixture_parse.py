@@ -1,8 +1,8 @@
 """A mixture whose sources differ: each source's records parsed with its own spec and run through its own
 ops, then stitched back in the mixed order, so the stages after see one shape.
 
-Every mixed record ends with its source's tag (`mixture_source.source_tag`), so which source a
-record came from is read off its last bytes, before any parse. Then:
+Every mixed record comes with its source beside it (`mixed_records`), so which source a record came
+from is known before any parse. Then:
 
 - on a vector of records (the batched parse): each source's records are gathered, parsed and run
   through its ops as one batch, and the groups are put back in the records' order with one gather
@@ -19,21 +19,10 @@ from typing import Any, Callable, Mapping, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY, source_tag
+from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.parse import make_parser
 
 Features = dict[str, Any]
-
-
-def source_of_records(records: tf.Tensor, count: int) -> tf.Tensor:
-    """Each record's source index (int32, the shape of `records`), from the tag at its end."""
-    tags = [source_tag(index) for index in range(count)]
-    if len({len(tag) for tag in tags}) == 1:  # < 128 sources: every tag the same length, compare the suffix
-        suffix = tf.strings.substr(records, -len(tags[0]), len(tags[0]))
-        matches = tf.equal(tf.expand_dims(suffix, -1), tf.constant(tags))
-        return tf.cast(tf.argmax(tf.cast(matches, tf.int32), axis=-1), tf.int32)
-    parse = tf.io.parse_example if records.shape.rank == 1 else tf.io.parse_single_example
-    return tf.cast(parse(records, {SOURCE_KEY: tf.io.FixedLenFeature([], tf.int64)})[SOURCE_KEY], tf.int32)
 
 
 def _signature(features: Mapping[str, Any]) -> dict[str, str]:
@@ -57,10 +46,10 @@ def _check_alike(names: Sequence[str], signatures: Sequence[Mapping[str, str]], 
 
 def source_parser(names: Sequence[str], specs: Sequence[Mapping[str, Any]],
                   ops: Sequence[Sequence[Callable[..., Features]]], batched: bool,
-                  prefix: str = "data") -> Callable[[tf.Tensor], Features]:
-    """fn(records) → features: each record parsed with its source's spec and run through its source's ops
-    (`ops[i]`: functions of (features, seed), deterministic), with `SOURCE_KEY` added."""
-    parsers = [make_parser({k: v for k, v in spec.items() if k != SOURCE_KEY}, batched=batched) for spec in specs]
+                  prefix: str = "data") -> Callable[[Features], Features]:
+    """fn(mixed element) → features: each record parsed with its source's spec and run through its source's
+    ops (`ops[i]`: functions of (features, seed), deterministic), with `SOURCE_KEY` added."""
+    parsers = [make_parser(dict(spec), batched=batched) for spec in specs]
 
     def one_source(index: int, records: tf.Tensor) -> Features:
         features = parsers[index](records)
@@ -73,8 +62,8 @@ def source_parser(names: Sequence[str], specs: Sequence[Mapping[str, Any]],
     _check_alike(names, [_signature(tf.function(lambda r, i=index: one_source(i, r)).get_concrete_function(
         record_spec).structured_outputs) for index in range(len(names))], prefix)
 
-    def parse_batch(records: tf.Tensor) -> Features:
-        source = source_of_records(records, len(names))
+    def parse_batch(element: Features) -> Features:
+        records, source = element[RECORDS_KEY], element[SOURCE_KEY]
         places, groups = [], []
         for index in range(len(names)):
             place = tf.where(tf.equal(source, index))[:, 0]
@@ -85,8 +74,8 @@ def source_parser(names: Sequence[str], specs: Sequence[Mapping[str, Any]],
         out[SOURCE_KEY] = source
         return out
 
-    def parse_one(record: tf.Tensor) -> Features:
-        source = source_of_records(record, len(names))
+    def parse_one(element: Features) -> Features:
+        record, source = element[RECORDS_KEY], element[SOURCE_KEY]
         out = tf.switch_case(source, [lambda i=index: one_source(i, record) for index in range(len(names))])
         out = dict(out)
         out[SOURCE_KEY] = source

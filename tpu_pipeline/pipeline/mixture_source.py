@@ -1,4 +1,4 @@
-"""A mixture of record sources at set rates: one stream of serialized records, each tagged with its source.
+"""A mixture of record sources at set rates: one stream of serialized records, each with its source beside it.
 
 Each source reads its own files (its own per-epoch file order and record shuffle, from a seed of
 its own: `data.seed` and its name) and is positioned on its own: after `c` examples it is in epoch
@@ -9,10 +9,14 @@ and every source's count (`mixing.MixturePositions`). A resume rebuilds every so
 and the choices at the choice position: the saved state stays the iterators' few integers, never
 a buffer, where tf.data's `sample_from_datasets` can only resume by saving every source's buffers.
 
-The tag: a serialized tf.Example is a protobuf message, and two concatenated messages parse as
-their merge, so each record gets the 20-odd bytes of `{_source: [i]}` appended. The mixed records
-then go through the one parse of the pipeline (batched or per example), unchanged, and
-`SOURCE_KEY` comes out beside the other features.
+Each element is a block of mixed records with each record's source beside it
+(`mixed_records.mixed`: `{RECORDS_KEY: records, SOURCE_KEY: sources}`), never inside it, so the
+records go through the one parse of the pipeline unchanged and `SOURCE_KEY` is added after it.
+
+With the plan's record cache, every source's records are read once into one vector in memory, and
+the sources' streams are of indices into it: each block of the mixture is then one gather from that
+vector, the only copy of a record before the parse (the same one a single source's window shuffle
+makes).
 """
 from __future__ import annotations
 
@@ -26,20 +30,14 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.format import DatasetInfo
+from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY, mixed
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions
 from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource
 from tpu_pipeline.pipeline.stage_base import StageContext
 from tpu_pipeline.pipeline.stages import WindowShuffle
 
 SOURCE_BLOCK = 256  # records per element each source reads when the plan reads single records
-SOURCE_KEY = "_source"  # the feature each mixed example carries: its source's index in data.mixture.sources
 EXHAUSTED = ("repeat", "drop", "stop")
-
-
-def source_tag(index: int) -> bytes:
-    """The serialized tf.Example `{_source: [index]}`, appended to a record to tag it."""
-    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=[index]))
-    return tf.train.Example(features=tf.train.Features(feature={SOURCE_KEY: feature})).SerializeToString()
 
 
 def source_seed(root: int, name: str) -> int:
@@ -76,7 +74,6 @@ class MixtureSource(RecordFileSource):
     reshuffle_each_iteration: bool = True
     read: ReadOptions = ReadOptions()
     tokens_per_example: tuple[float, ...] = ()  # weight_by: tokens: each source's measured mean (else empty)
-    tag_records: bool = True  # append each record's source tag (SOURCE_KEY); False spares the copy it costs
     # Weights changed on resume: the earlier (start example, example rates) segments; `weights` hold from `since`.
     earlier: tuple[tuple[int, tuple[float, ...]], ...] = ()
     since: int = 0
@@ -167,23 +164,22 @@ class MixtureSource(RecordFileSource):
             if segment + 1 < len(starts):  # the old weights only up to where the new ones begin
                 piece = piece.unbatch().take(starts[segment + 1] - max(delivered, starts[segment])).batch(SOURCE_BLOCK)
             pieces.append(piece)
-        mixed = pieces[0]
+        mixed_stream = pieces[0]
         for piece in pieces[1:]:
-            mixed = mixed.concatenate(piece)
-        return mixed if self.read.keep_blocks else mixed.unbatch()
+            mixed_stream = mixed_stream.concatenate(piece)
+        return mixed_stream if self.read.keep_blocks else mixed_stream.unbatch()
 
     def _segment(self, context: tf.distribute.InputContext, segment: int, base: np.ndarray,
                  offset: int) -> tf.data.Dataset:
-        """Segment `segment`'s mixed records after its first `offset`, as vectors: one per block of the schedule.
+        """Segment `segment`'s mixed records after its first `offset`, as mixed elements: one per block of the schedule.
 
         Block b takes the next quota[i] records of every source i in one vector each (`rebatch`), and
         lays them out in the block's order with one `dynamic_stitch`: position p gets the k-th record of
         its source when it is that source's k-th choice in the block, exactly as choosing record by
-        record would, at a cost per block instead of per record. A record is copied once to its place,
-        and once more for its tag (a `strings.join` per source vector, the tag a constant); a gather
-        from the sources' concatenation with a join after it took three copies, ~0.4 µs more CPU a
-        record. A source with fewer left (drop) leaves its later choices out; a `stop` source's first
-        choice past its end cuts the block and ends it all.
+        record would, at a cost per block instead of per record. With the record cache the sources'
+        vectors are of indices into the cached records, and the block is one gather from them: each
+        record is copied once; from files, once by the stitch. A source with fewer left (drop) leaves its
+        later choices out; a `stop` source's first choice past its end cuts the block and ends it all.
         """
         positions = self.positions(context, segment, base)
         schedule = positions.schedule
@@ -191,22 +187,22 @@ class MixtureSource(RecordFileSource):
         taken = base + positions.taken(block * schedule.block)
         totals = self._totals(context)
         quotas = schedule.quotas
-        empty = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string)).repeat()
+        cache = self._record_cache()  # None, or (the one vector of every source's records, where each begins in it)
+        empty = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string if cache is None else tf.int64)).repeat()
         vectors = []
         for index, part in enumerate(self.parts):
             if quotas[index] == 0:
                 vectors.append(empty)
                 continue
-            records = self._stream(index, part, context, int(taken[index]), totals[index])
+            first = None if cache is None else int(cache[1][index])
+            records = self._stream(index, part, context, int(taken[index]), totals[index], first)
             vectors.append(records.rebatch(int(quotas[index])).concatenate(empty))
         stops = tf.constant([part.exhausted == "stop" for part in self.parts])
         live = tf.constant(quotas > 0)
-        tags = [tf.constant(source_tag(index)) for index in range(len(self.parts))]
         size = schedule.block
         starts = np.cumsum(quotas) - quotas  # source i's choices in a block: order[starts[i]: starts[i] + quotas[i]]
-        tagging = self.tag_records
 
-        def mix(number: tf.Tensor, parts: tuple) -> tuple:
+        def mix(number: tf.Tensor, parts: tuple, everything: Optional[tf.Tensor] = None) -> tuple:
             choices = schedule._block_tensor(number)
             order = tf.argsort(choices, stable=True)  # positions by source, then by position
             rank = tf.scatter_nd(order[:, None], tf.range(size, dtype=tf.int64) - tf.gather(starts, tf.gather(choices, order)),
@@ -219,30 +215,58 @@ class MixtureSource(RecordFileSource):
             first = tf.where(tf.equal(number, block), tf.constant(within, tf.int64), 0)
             keep = present & (where < cut) & (where >= first)
             # Source i's kept choices are the run of its ranks [low, high): before `first` are its first
-            # choices, past its records or the cut its last ones. Each record of a run (with its tag: one
-            # join per source, the tag a constant) is copied once, to its place among the kept positions.
+            # choices, past its records or the cut its last ones. Each record (or index) of a run is put
+            # in its place among the kept positions.
             mine = tf.equal(choices[None, :], tf.range(len(parts), dtype=tf.int64)[:, None])  # [sources, size]
             low = tf.math.count_nonzero(mine & (where < first)[None, :], axis=1)
             high = tf.maximum(low, tf.minimum(available, tf.math.count_nonzero(mine & (where < cut)[None, :], axis=1)))
             place = tf.cumsum(tf.cast(keep, tf.int32), exclusive=True)
             indices, data = [], []
             for index, part in enumerate(parts):
-                run = part[low[index]:high[index]]  # the whole vector (no copy) but where a block is cut
                 indices.append(tf.gather(place, order[int(starts[index]) + low[index]:int(starts[index]) + high[index]]))
-                data.append(tf.strings.join([run, tags[index]]) if tagging else run)
+                data.append(part[low[index]:high[index]])  # the whole vector (no copy) but where a block is cut
             records = tf.dynamic_stitch(indices, data)
+            if everything is not None:
+                records = tf.gather(everything, records)
             finished = tf.logical_not(tf.reduce_any(tf.logical_and(live, available > 0)))
-            return records, cut < size, finished
+            return mixed(records, tf.boolean_mask(choices, keep)), cut < size, finished
 
-        numbered = tf.data.Dataset.zip((tf.data.Dataset.range(block, (1 << 62) // size), tf.data.Dataset.zip(tuple(vectors))))
-        mixed = numbered.map(mix, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        streams = (tf.data.Dataset.range(block, (1 << 62) // size), tf.data.Dataset.zip(tuple(vectors)))
+        if cache is not None:
+            streams += (cache[0].repeat(),)
+        mixed_blocks = tf.data.Dataset.zip(streams).map(mix, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
         def running(ended: tf.Tensor, element: tuple) -> tuple:
             records, cut, finished = element
             return tf.logical_or(ended, cut), (records, tf.logical_or(ended, finished))
 
-        mixed = mixed.scan(tf.constant(False), running).take_while(lambda records, done: tf.logical_not(done))
-        return mixed.map(lambda records, done: records).filter(lambda records: tf.size(records) > 0)
+        mixed_blocks = mixed_blocks.scan(tf.constant(False), running).take_while(lambda records, done: tf.logical_not(done))
+        return mixed_blocks.map(lambda records, done: records).filter(lambda records: tf.size(records[RECORDS_KEY]) > 0)
+
+    def _record_cache(self) -> Optional[tuple[tf.data.Dataset, np.ndarray]]:
+        """With the plan's record cache (read.cache_records): a dataset of one element, every source's
+        records in one vector (all of them, whichever this input pipeline's share: its share moves
+        between files as their order changes each epoch), read from the files once and then held in
+        memory; and where each source's records begin in it. None without the cache."""
+        if not self.read.cache_records:
+            return None
+        files = [part.source.files_source() for part in self.parts]
+        counts = np.asarray([sum(source.record_counts()) for source in files], np.int64)
+        records = None
+        for source in files:  # each source with its own compression, one after the other
+            paths = source.tfrecord_files()
+            read = tf.data.TFRecordDataset(paths, compression_type=source.compression,
+                                           buffer_size=source.read.buffer_bytes(paths[0]))
+            records = read if records is None else records.concatenate(read)
+        total = int(counts.sum())
+
+        def counted(every: tf.Tensor) -> tf.Tensor:  # the sources' record counts place each one's records in it
+            tf.debugging.assert_equal(tf.size(every, out_type=tf.int64), tf.constant(total, tf.int64), message=(
+                f"data.mixture: the sources' files hold another number of records than their counts say ({total:,}): a "
+                "file changed after metadata.json (or this run) counted it; tpu-pipeline verify names the file"))
+            return every
+
+        return records.batch(1 << 62).map(counted).cache(), np.cumsum(counts) - counts
 
     # What a checkpoint keeps beside the input position: the weights in force and since when (a few numbers).
     def resume_state(self) -> Optional[str]:
@@ -278,39 +302,35 @@ class MixtureSource(RecordFileSource):
         return length
 
     def _stream(self, index: int, part: MixturePart, context: tf.distribute.InputContext, taken: int,
-                total: Optional[int]) -> tf.data.Dataset:
+                total: Optional[int], first_cached: Optional[int] = None) -> tf.data.Dataset:
         """Source `index` after its first `taken` records, as vectors of records: its epochs (each with its
         file order and window shuffle) from epoch taken // L, the first taken % L records of that one cut off.
 
-        With the record cache (read.cache_records), every record of the source's files is read once into one
-        vector in memory (all of them, whichever this input pipeline's share: its share moves between files
-        as their order changes each epoch) and each epoch takes its records from there: the same stream,
-        byte for byte, with no file read after the first.
+        `first_cached`: the record cache holds this source's records (in file-list order) from that index
+        on (`_record_cache`). The vectors are then of indices into it, taken by the same reads and the same
+        window shuffle as the records would be: the same stream, record for record, with no file read.
         """
         length = self._length(part, context)
-        first, skip = divmod(taken, length)
+        epoch_first, skip = divmod(taken, length)
         shuffle = WindowShuffle(self.shuffle_buffer, source_seed(self.seed, part.name), self.reshuffle_each_iteration,
                                 num_parallel_calls="autotune", deterministic=True)
         files = part.source.files_source()
-        cached = None
-        if self.read.cache_records:
-            paths = files.tfrecord_files()
-            cached = tf.data.TFRecordDataset(paths, compression_type=files.compression,
-                                             buffer_size=files.read.buffer_bytes(paths[0])).batch(1 << 62).cache()
+        count = sum(files.record_counts()) if first_cached is not None else 0
 
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-            if cached is None:
+            if first_cached is None:
                 records = part.source.build(context, epoch)
             else:
-                records = cached.flat_map(lambda every: files.build(context, epoch, records=every))
+                every = tf.range(first_cached, first_cached + count, dtype=tf.int64)
+                records = files.build(context, epoch, records=every)
             if self.shuffle_buffer:
                 records = shuffle.apply(records, StageContext(context, epoch=epoch))
             return records
 
         if total is not None and taken >= total:
-            return tf.data.Dataset.from_tensors(tf.zeros([0], tf.string)).take(0)
+            return tf.data.Dataset.from_tensors(tf.zeros([0], tf.string if first_cached is None else tf.int64)).take(0)
         if part.exhausted == "repeat":
-            return skip_records(tf.data.Dataset.range(first, 1 << 62).flat_map(one_epoch), skip)
+            return skip_records(tf.data.Dataset.range(epoch_first, 1 << 62).flat_map(one_epoch), skip)
         return skip_records(one_epoch(tf.constant(0, tf.int64)), skip)
 
 

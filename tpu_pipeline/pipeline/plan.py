@@ -17,7 +17,8 @@ import tensorflow as tf
 from tpu_pipeline.config.data import DataConfig, FeatureConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import check_ops, get_op
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY, MixtureSource
+from tpu_pipeline.pipeline.mixed_records import SOURCE_KEY
+from tpu_pipeline.pipeline.mixture_source import MixtureSource
 from tpu_pipeline.pipeline.modes import plan_sequence
 from tpu_pipeline.pipeline.source_base import ReadOptions, Source
 from tpu_pipeline.system import available_memory_bytes
@@ -399,8 +400,8 @@ def _per_source_features(config: DataConfig, source: Source) -> tuple[dict[str, 
 
 def _mixture_features(config: DataConfig, source: Source, prefix: str) -> Decision:
     """One parse spec for the mixed records: data.features (or the first source's metadata.json), each
-    source's own features added, and `SOURCE_KEY`: the source tag every mixed record carries (its index
-    in data.mixture.sources), so what comes out can be counted and evaluated per source."""
+    source's own features added. Each record's source (`SOURCE_KEY`, its index in data.mixture.sources)
+    comes beside the records and is added after the parse (`mixed_records.with_sources`), not parsed."""
     specs: dict[str, FeatureConfig] = dict(config.features)
     origin = f"{prefix}.features" if specs else "the first source's metadata.json"
     if not specs:
@@ -414,6 +415,5 @@ def _mixture_features(config: DataConfig, source: Source, prefix: str) -> Decisi
                     f"{specs[name].model_dump()} given before; one name has one spec in a mixture (rename it in the "
                     "source's records, or give it the same spec)")
             specs[name] = spec
-    # int32, as TPUs take it (users may cast only ragged and sequence features; this spec is the package's own).
-    specs[SOURCE_KEY] = FeatureConfig.model_construct(dtype="int64", shape=[], kind="fixed", default=None, cast="int32")
-    return Decision(specs, f"{origin} and each source's own, and {SOURCE_KEY} (each example's source)")
+    return Decision(specs, f"{origin} and each source's own; {SOURCE_KEY} (each example's source, int32) is added "
+                           "after the parse")

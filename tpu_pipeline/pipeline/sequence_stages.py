@@ -27,7 +27,7 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY
+from tpu_pipeline.pipeline.mixed_records import SOURCE_KEY
 from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields

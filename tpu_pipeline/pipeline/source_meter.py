@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tpu_pipeline.config.mixture import MixtureConfig
 from tpu_pipeline.pipeline.efficiency import EXAMPLE_MASK, _leaves, _real, sequence_keys
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY
+from tpu_pipeline.pipeline.mixed_records import SOURCE_KEY
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
 

@@ -14,7 +14,6 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.example_check import misfit
-from tpu_pipeline.pipeline.mixture_source import SOURCE_KEY
 from tpu_pipeline.pipeline.source_base import RecordFileSource
 
 
@@ -44,13 +43,12 @@ def check_features(path: str, record: bytes, features: Mapping[str, Any], prefix
 
 def check_first_record(source: RecordFileSource, features: Any, prefix: str, per_source: Sequence[Any] = ()) -> None:
     """The feature spec against the first record found in the first few files (build time, not a trace
-    later): of each source, for a mixture (whose source tag is added in the stream, not stored), with its
-    own spec where the plan parses each source apart (`per_source`)."""
+    later): of each source, for a mixture, with its own spec where the plan parses each source apart
+    (`per_source`)."""
     parts = source.record_sources()
     for part, spec in zip(parts, per_source or [features] * len(parts)):
-        stored = {key: value for key, value in spec.items() if key != SOURCE_KEY}
         for path in part.tfrecord_files()[:3]:
             record = first_record(path, getattr(part, "compression", ""))
             if record is not None:
-                check_features(path, record, stored, prefix)
+                check_features(path, record, spec, prefix)
                 break

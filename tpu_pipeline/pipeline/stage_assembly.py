@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import SEQUENCE_KINDS, DataConfig
 from tpu_pipeline.ops import build_ops
+from tpu_pipeline.pipeline.mixed_records import with_sources
 from tpu_pipeline.pipeline.mixture_parse import source_parser
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
@@ -119,10 +120,12 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
 
 def _parser(config: DataConfig, plan: Plan, batched: bool, prefix: str) -> Any:
     """The parse of the records: with the plan's features, or (a mixture whose sources have features or ops
-    of their own) each source's records with its own spec and ops, stitched back (mixture_parse)."""
+    of their own) each source's records with its own spec and ops, stitched back (mixture_parse). A
+    mixture's elements are records with their sources (`mixed_records`): its parse adds them."""
     features = plan.features.value
     if plan.source_features:
         entries = config.mixture.sources
         ops = [build_ops(entry.preprocess, f"{prefix}.mixture.sources[{i}].preprocess")[0] for i, entry in enumerate(entries)]
         return source_parser([entry.name for entry in entries], plan.source_features, ops, batched, prefix)
-    return make_parser(features, batched=batched) if features else None
+    parse = make_parser(features, batched=batched) if features else None
+    return with_sources(parse) if parse is not None and config.mixture is not None else parse

@@ -17,6 +17,7 @@ from tpu_pipeline.ops.registry import OpFn
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.cache_key import check_cache_path, fingerprint, prepare_prefix
+from tpu_pipeline.pipeline.mixed_records import records_spec
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.system import local_path
 
@@ -175,7 +176,8 @@ class WindowShuffle(Stage):
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         spec = dataset.element_spec
-        if not isinstance(spec, tf.TensorSpec) or spec.dtype != tf.string or spec.shape.rank not in (0, 1):
+        # int64: record indices (a mixture's sources over its record cache), shuffled as their records would be.
+        if not isinstance(spec, tf.TensorSpec) or spec.dtype not in (tf.string, tf.int64) or spec.shape.rank not in (0, 1):
             raise ConfigError(
                 f"data.shuffle.mode=window shuffles serialized records (a string scalar or vector per element), "
                 f"but this dataset yields {spec}; use data.shuffle.mode=stream"
@@ -282,7 +284,7 @@ class Batch(Stage):
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         size = self.size(context.input)
-        if self.records and dataset.element_spec.shape.rank == 1:
+        if self.records and records_spec(dataset.element_spec).shape.rank == 1:
             # Vectors of records are cut into batches directly: no per-record element on the way.
             return dataset.rebatch(size, drop_remainder=self.drop_remainder)
         if self.ragged:
