@@ -8,6 +8,7 @@ machine that decides the cache differently still continues exactly.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 
@@ -108,6 +109,21 @@ def test_after_the_first_read_no_file_is_read(three_sources, tmp_path):
         os.remove(path)
     got += [element(next(stream)) for _ in range(LIMIT - 10)]
     assert got == expected
+
+
+def test_weights_changed_on_resume_read_the_same_from_memory(three_sources):
+    # Two segments of weights, each laid out from the one cache: the stream across the change, and resumed after it.
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1)
+    streams = {}
+    for cache in (False, True):
+        saved = mixture(three_sources, ("repeat",) * 3, cache).resume_state()
+        changed = dataclasses.replace(mixture(three_sources, ("repeat",) * 3, cache), weights=(0.2, 0.3, 0.5))
+        changed, message = changed.with_resume_state(saved, example=400, margin=0)
+        assert message and "take effect at example 400" in message
+        streams[cache] = records(changed, context, 0), records(changed, context, 900)
+    assert streams[True] == streams[False]
+    sources = [source for source, _ in streams[True][0]]
+    assert sources[:400].count(2) / 400 < 0.25 < 0.45 < sources[400:].count(2) / len(sources[400:])  # 0.2, then 0.5
 
 
 def data_config(sources, extra: str = "") -> DataConfig:

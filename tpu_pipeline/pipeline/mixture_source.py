@@ -123,8 +123,9 @@ class MixtureSource(RecordFileSource):
                                      record_block=read.record_block or SOURCE_BLOCK)
         parts = tuple(dataclasses.replace(part, source=part.source.with_read(
             dataclasses.replace(blocks, seed=source_seed(read.seed, part.name)))) for part in self.parts)
-        # cache_records (the plan's record_cache) stays the mixture's own: each source then reads its epochs from
-        # all its records held in memory (`_stream`), the same stream as from its files.
+        # cache_records (the plan's record_cache) stays the mixture's own (`_record_cache`): every source's records
+        # are then held in memory, and each source reads its epochs as indices into them, the same stream as from
+        # its files.
         return dataclasses.replace(self, parts=parts, read=read)
 
     def _totals(self, context: tf.distribute.InputContext) -> list[Optional[int]]:
@@ -157,10 +158,11 @@ class MixtureSource(RecordFileSource):
         stream: each segment of weights from where the stream is in it, up to where the next begins."""
         starts, bases = self._starts(), self._bases(context)
         first = max(k for k, start in enumerate(starts) if start <= delivered or k == 0)
+        cache = self._record_cache()  # one for every segment: the records are read and held once
         pieces = []
         for segment in range(first, len(starts)):
             offset = max(0, delivered - starts[segment])
-            piece = self._segment(context, segment, bases[segment], offset)
+            piece = self._segment(context, segment, bases[segment], offset, cache)
             if segment + 1 < len(starts):  # the old weights only up to where the new ones begin
                 piece = piece.unbatch().take(starts[segment + 1] - max(delivered, starts[segment])).batch(SOURCE_BLOCK)
             pieces.append(piece)
@@ -169,8 +171,8 @@ class MixtureSource(RecordFileSource):
             mixed_stream = mixed_stream.concatenate(piece)
         return mixed_stream if self.read.keep_blocks else mixed_stream.unbatch()
 
-    def _segment(self, context: tf.distribute.InputContext, segment: int, base: np.ndarray,
-                 offset: int) -> tf.data.Dataset:
+    def _segment(self, context: tf.distribute.InputContext, segment: int, base: np.ndarray, offset: int,
+                 cache: Optional[tuple[tf.data.Dataset, np.ndarray]] = None) -> tf.data.Dataset:
         """Segment `segment`'s mixed records after its first `offset`, as mixed elements: one per block of the schedule.
 
         Block b takes the next quota[i] records of every source i in one vector each (`rebatch`), and
@@ -187,7 +189,7 @@ class MixtureSource(RecordFileSource):
         taken = base + positions.taken(block * schedule.block)
         totals = self._totals(context)
         quotas = schedule.quotas
-        cache = self._record_cache()  # None, or (the one vector of every source's records, where each begins in it)
+        # cache: None, or (the one vector of every source's records, where each source's records begin in it)
         empty = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string if cache is None else tf.int64)).repeat()
         vectors = []
         for index, part in enumerate(self.parts):
