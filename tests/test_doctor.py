@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -19,7 +18,7 @@ from tpu_pipeline.bench.measure import available_cores
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.ops import register_op, scoped_ops
 
-from helpers import plan_of, small_config, write_small_shards
+from helpers import plan_of, run_together, small_config, write_small_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -107,8 +106,8 @@ def test_at_the_limit_there_is_nothing_to_fix(shards):
     assert diagnosis.ceilings.compute_bound > 0 and diagnosis.ceilings.read_bound > 0
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+def _command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tpu_pipeline.cli", *args]
 
 
 def test_bench_and_doctor_json_have_the_documented_fields(shards, tmp_path):
@@ -117,7 +116,13 @@ def test_bench_and_doctor_json_have_the_documented_fields(shards, tmp_path):
     yaml.safe_dump({"data": raw}, open(config_path, "w"))
 
     bench_json = tmp_path / "bench.json"
-    result = _cli("bench", "--config", str(config_path), "--steps", "10", "--repeats", "2", "--json", str(bench_json))
+    doctor_json, tuned_yaml, chart = tmp_path / "doctor.json", tmp_path / "tuned.yaml", tmp_path / "stages.png"
+    # bench and doctor share nothing but the config they read (each writes its own files): run side by side.
+    # Nothing below compares a speed, so the two sharing the cores changes no assertion.
+    result, doctor_result = run_together(
+        [_command("bench", "--config", str(config_path), "--steps", "10", "--repeats", "2", "--json", str(bench_json)),
+         _command("doctor", "--config", str(config_path), "--batches", "10", "--json", str(doctor_json),
+                  "--write-tuned", str(tuned_yaml), "--chart", str(chart))], timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "examples/s" in result.stdout and "ceiling (a) compute" in result.stdout
     bench = json.load(open(bench_json))
@@ -129,9 +134,7 @@ def test_bench_and_doctor_json_have_the_documented_fields(shards, tmp_path):
                                       "read_bound_examples_per_sec", "reads_files_every_epoch", "limit_examples_per_sec"}
     assert bench["median"]["examples"] == 10 * 64
 
-    doctor_json, tuned_yaml, chart = tmp_path / "doctor.json", tmp_path / "tuned.yaml", tmp_path / "stages.png"
-    result = _cli("doctor", "--config", str(config_path), "--batches", "10", "--json", str(doctor_json),
-                  "--write-tuned", str(tuned_yaml), "--chart", str(chart))
+    result = doctor_result
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bottleneck:" in result.stdout and "ceiling (b) read-bound" in result.stdout
     doctor = json.load(open(doctor_json))

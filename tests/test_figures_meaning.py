@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -27,6 +26,8 @@ from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.efficiency import TokenMeter
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train.callbacks import ProgressLogger
+
+from helpers import run_together
 
 BATCH, LENGTH, REAL = 4, 8, 5  # every batch: 4 rows of 8 slots, 5 real tokens per row
 STEPS, EPOCHS, VALIDATION_SLEEP = 5, 3, 0.1
@@ -204,10 +205,11 @@ def test_doctor_on_a_config_with_a_model_times_the_model_and_compares(tmp_path):
         "train": {"task": "language_model", "run_dir": str(tmp_path / "run"), "steps_per_epoch": 10}}
     path = tmp_path / "config.yaml"
     yaml.safe_dump(config, open(path, "w"))
-    out = tmp_path / "doctor.json"
-    result = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "doctor", "--config", str(path), "--batches", "5",
-                             "--model_steps", "3", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
-                            timeout=600)
+    out, nomodel_out = tmp_path / "doctor.json", tmp_path / "doctor_nomodel.json"
+    doctor = [sys.executable, "-m", "tpu_pipeline.cli", "doctor", "--config", str(path), "--batches", "5"]
+    # The two runs share nothing (each its own JSON): run side by side, not one after the other.
+    result, nomodel = run_together([doctor + ["--model_steps", "3", "--json", str(out)],
+                                    doctor + ["--nomodel", "--json", str(nomodel_out)]], timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.load(open(out))
     model, pipeline = report["model"], report["pipeline"]
@@ -217,6 +219,5 @@ def test_doctor_on_a_config_with_a_model_times_the_model_and_compares(tmp_path):
     assert len(verdict) == 1 and f"{report['input_to_model_ratio']:,.1f}x" in verdict[0], result.stdout
     assert any(line.startswith("  measured: the input pipeline alone (no model): 15 batches in ")
                for line in result.stdout.splitlines()), result.stdout
-    nomodel = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "doctor", "--config", str(path), "--batches", "5",
-                              "--nomodel", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert nomodel.returncode == 0 and "verdict:" not in nomodel.stdout and json.load(open(out))["model"] is None
+    assert nomodel.returncode == 0, nomodel.stderr[-3000:]
+    assert "verdict:" not in nomodel.stdout and json.load(open(nomodel_out))["model"] is None
