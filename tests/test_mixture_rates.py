@@ -85,10 +85,25 @@ def independent_counts(batch: dict, key: str = "tokens") -> tuple[np.ndarray, np
             np.bincount(source[real], minlength=3).astype(np.int64))
 
 
+@pytest.fixture(scope="module")
+def first_batches(corpora):
+    """mode → the first 20 batches of that mode's mixture, read once for the two tests below that only look
+    at them (the same config and seed: the same stream either test would read itself)."""
+    read: dict[str, list[dict]] = {}
+
+    def first(mode: str, count: int) -> list[dict]:
+        if mode not in read:
+            read[mode] = batches(data_section(corpora, mode), 20)
+        assert count <= len(read[mode])
+        return read[mode][:count]
+
+    return first
+
+
 @pytest.mark.parametrize("mode", ["pack", "pad", "bucket"])
-def test_every_token_and_example_carries_its_source(corpora, mode):
+def test_every_token_and_example_carries_its_source(first_batches, mode):
     seen = np.zeros(3, np.int64)
-    for batch in batches(data_section(corpora, mode), 20):
+    for batch in first_batches(mode, 20):
         tokens = batch["tokens"]
         if mode == "pack":  # each row counts its tokens and segments of each source
             segments, owner = batch["tokens_segment_ids"], tokens // 1000 - 1
@@ -112,8 +127,8 @@ def test_every_token_and_example_carries_its_source(corpora, mode):
 
 
 @pytest.mark.parametrize("mode", ["pack", "pad", "bucket"])
-def test_source_counts_equal_counts_read_off_the_tokens(corpora, mode):
-    for batch in batches(data_section(corpora, mode), 12):
+def test_source_counts_equal_counts_read_off_the_tokens(first_batches, mode):
+    for batch in first_batches(mode, 12):
         examples, tokens = source_counts(batch, 3)
         expected_examples, expected_tokens = independent_counts(batch)
         assert np.array_equal(examples.numpy(), expected_examples)
@@ -188,17 +203,20 @@ def test_doctor_shows_the_delivered_shares_beside_the_weights(corpora):
 def test_demo_and_bench_print_the_shares_of_a_mixture(corpora, tmp_path):
     import json
     import os
-    import subprocess
     import sys
+
+    from helpers import run_together
 
     path = tmp_path / "mixture.yaml"
     path.write_text(yaml.safe_dump({"data": data_section(corpora, "pack")}))
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for command in (["demo", "--steps", "5", "--warmup", "1"],
-                    ["bench", "--steps", "5", "--repeats", "1", "--warmup", "1", "--noceilings", "--json", str(tmp_path / "b.json")]):
-        result = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *command, "--config", str(path)], cwd=repo,
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
+    commands = (["demo", "--steps", "5", "--warmup", "1"],
+                ["bench", "--steps", "5", "--repeats", "1", "--warmup", "1", "--noceilings", "--json", str(tmp_path / "b.json")])
+    # demo and bench share nothing but the config they read: run side by side, each checked as before.
+    results = run_together([[sys.executable, "-m", "tpu_pipeline.cli", *command, "--config", str(path)]
+                            for command in commands], timeout=300, cwd=repo)
+    for command, result in zip(commands, results):
+        assert result.returncode == 0, f"{command[0]}: {result.stderr[-3000:]}"
         line = next(line for line in result.stdout.splitlines() if "examples by source: " in line)
         assert "web " in line and "(0.5)" in line and "books " in line and "(0.2)" in line, line
     sources = json.loads((tmp_path / "b.json").read_text())["sources"]
