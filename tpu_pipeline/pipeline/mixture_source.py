@@ -309,22 +309,26 @@ class MixtureSource(RecordFileSource):
         file order and window shuffle) from epoch taken // L, the first taken % L records of that one cut off.
 
         `first_cached`: the record cache holds this source's records (in file-list order) from that index
-        on (`_record_cache`). The vectors are then of indices into it, taken by the same reads and the same
-        window shuffle as the records would be: the same stream, record for record, with no file read.
+        on (`_record_cache`). The vectors are then of indices into it, in the order the same reads would
+        yield the records (`TFRecordSource.epoch_indices`: each epoch's at once), through the same window
+        shuffle: the same stream, record for record, with no file read.
         """
         length = self._length(part, context)
         epoch_first, skip = divmod(taken, length)
-        shuffle = WindowShuffle(self.shuffle_buffer, source_seed(self.seed, part.name), self.reshuffle_each_iteration,
-                                num_parallel_calls="autotune", deterministic=True)
         files = part.source.files_source()
         count = sum(files.record_counts()) if first_cached is not None else 0
+        # Indices are cheap to permute: in the consumer's thread, where handing each window to another thread
+        # and back would cost more than the work.
+        shuffle = WindowShuffle(self.shuffle_buffer, source_seed(self.seed, part.name), self.reshuffle_each_iteration,
+                                num_parallel_calls="autotune" if first_cached is None else 1, deterministic=True)
 
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
             if first_cached is None:
                 records = part.source.build(context, epoch)
-            else:
-                every = tf.range(first_cached, first_cached + count, dtype=tf.int64)
-                records = files.build(context, epoch, records=every)
+            else:  # the epoch's indices at once, else read as its records would be (block by block)
+                indices = files.epoch_indices(context, epoch, first_cached)
+                records = (tf.data.Dataset.from_tensors(indices) if indices is not None else
+                           files.build(context, epoch, records=tf.range(first_cached, first_cached + count, dtype=tf.int64)))
             if self.shuffle_buffer:
                 records = shuffle.apply(records, StageContext(context, epoch=epoch))
             return records

@@ -27,7 +27,7 @@ from absl import logging
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format import DatasetInfo
-from tpu_pipeline.pipeline import seeds
+from tpu_pipeline.pipeline import read_order, seeds
 from tpu_pipeline.pipeline._common import AUTOTUNE, tune
 from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource, Source
 from tpu_pipeline.system import local_path
@@ -223,11 +223,7 @@ class TFRecordSource(RecordFileSource):
         files = self.tfrecord_files()
         buffer = read.buffer_bytes(files[0])
         mode = choose_sharding(read.sharding, len(files), context.num_input_pipelines, balanced=True)
-        order = None
-        if read.shuffle_files:
-            # The same permutation on every input pipeline (it depends on seed and epoch only), so
-            # shards never overlap; a new one each epoch.
-            order = seeds.file_order(len(files), read.seed, 0 if epoch is None else epoch)
+        order = self._file_order(epoch)
         if mode == "balanced" or records is not None:
             if mode not in ("balanced", "none"):
                 raise ValueError(f"records in memory are read balanced or unsharded, not with sharding {mode!r}")
@@ -259,11 +255,57 @@ class TFRecordSource(RecordFileSource):
             dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
         return self._finish(dataset)
 
+    def epoch_indices(self, context: tf.distribute.InputContext, epoch: tf.Tensor, first: int = 0) -> Optional[tf.Tensor]:
+        """The indices of this input pipeline's records of `epoch` in the order `build(context, epoch, records=...)`
+        yields them, the files' records held in memory from index `first` on (file-list order): one int64
+        vector, computed at once (`read_order`) instead of a tf.data element per block. None where that
+        order is not known here: records not read in blocks, or a cycle_length the machine picks (autotune)."""
+        read = self.read
+        files = self.tfrecord_files()
+        mode = choose_sharding(read.sharding, len(files), context.num_input_pipelines, balanced=True)
+        if mode not in ("balanced", "none") or not read.record_block or not isinstance(read.block_length, int):
+            return None
+        (begins, skips, takes), cycle = self._balanced_runs(files, self._file_order(epoch), context, True, mode == "none")
+        if cycle == AUTOTUNE:
+            return None
+        block, block_length = read.record_block, read.block_length
+
+        def replay(begins: np.ndarray, skips: np.ndarray, takes: np.ndarray) -> np.ndarray:
+            return read_order.epoch_indices(begins + skips + first, takes, block, cycle, block_length)
+
+        return tf.ensure_shape(tf.numpy_function(replay, [begins, skips, takes], tf.int64, stateful=False), [None])
+
+    def _file_order(self, epoch: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
+        """The epoch's file order: the same permutation on every input pipeline (it depends on seed and epoch
+        only), so shards never overlap; a new one each epoch. None: file-list order."""
+        if not self.read.shuffle_files:
+            return None
+        return seeds.file_order(len(self.tfrecord_files()), self.read.seed, 0 if epoch is None else epoch)
+
     def _read_balanced(self, files: list[str], order: Optional[tf.Tensor], context: tf.distribute.InputContext,
                        buffer: int, records: Optional[tf.Tensor] = None, every: bool = False) -> tf.data.Dataset:
         """Records [i*L, (i+1)*L) of the epoch's files laid end to end: (file, skip, take) per file touched.
         `records` (all of them, file-list order): each file's run taken from it. `every`: unsharded, the
         same interleave as reading whole files (every file, an empty one too, in its order)."""
+        read = self.read
+        runs, cycle = self._balanced_runs(files, order, context, records is not None, every)
+        dataset = tf.data.Dataset.from_tensor_slices(runs)
+        sequential = read.num_parallel_calls == 0
+        if records is None:
+            one_file = lambda path, first, count: self._read_file(path, buffer, first, count)  # noqa: E731
+        else:
+            one_file = lambda begin, first, count: self._read_memory(records, begin + first, count)  # noqa: E731
+        return dataset.interleave(
+            one_file,
+            cycle_length=cycle, block_length=read.block_length,
+            num_parallel_calls=None if sequential else tune(read.num_parallel_calls),
+            deterministic=None if sequential else read.deterministic,
+        )
+
+    def _balanced_runs(self, files: list[str], order: Optional[tf.Tensor], context: tf.distribute.InputContext,
+                       in_memory: bool, every: bool) -> tuple[tuple[tf.Tensor, tf.Tensor, tf.Tensor], int]:
+        """((name, or where its records begin in memory; skip; take) of each file the range touches, in read order),
+        and the interleave's cycle length."""
         read = self.read
         counts = self.record_counts()
         pipelines, index = (1, 0) if every else (context.num_input_pipelines, context.input_pipeline_id)
@@ -277,7 +319,7 @@ class TFRecordSource(RecordFileSource):
                 "last of each epoch's order: other ones every epoch when files are shuffled)",
                 left_out, sum(counts), pipelines, length)
         # Each file: its name, or (records in memory) where its records begin in `records`.
-        names = tf.constant(files) if records is None else tf.constant(np.cumsum(counts) - np.asarray(counts), tf.int64)
+        names = tf.constant(files) if not in_memory else tf.constant(np.cumsum(counts) - np.asarray(counts), tf.int64)
         sizes = tf.constant(counts, tf.int64)
         if order is not None:
             names, sizes = tf.gather(names, order), tf.gather(sizes, order)
@@ -287,24 +329,13 @@ class TFRecordSource(RecordFileSource):
         skip = tf.clip_by_value(low - starts, 0, sizes)
         stop = tf.clip_by_value(high - starts, 0, sizes)
         touched = tf.ones_like(sizes, tf.bool) if every else stop > skip
-        dataset = tf.data.Dataset.from_tensor_slices((
-            tf.boolean_mask(names, touched), tf.boolean_mask(skip, touched), tf.boolean_mask(stop - skip, touched)))
+        runs = (tf.boolean_mask(names, touched), tf.boolean_mask(skip, touched), tf.boolean_mask(stop - skip, touched))
         # Files a range touches: at most its share of the files plus the two it shares with neighbours.
         most = min(len(files), -(-len(files) // pipelines) + 1)
         cycle = tune(read.cycle_length)
         if cycle != AUTOTUNE:
             cycle = max(1, min(cycle, most))
-        sequential = read.num_parallel_calls == 0
-        if records is None:
-            one_file = lambda path, first, count: self._read_file(path, buffer, first, count)  # noqa: E731
-        else:
-            one_file = lambda begin, first, count: self._read_memory(records, begin + first, count)  # noqa: E731
-        return dataset.interleave(
-            one_file,
-            cycle_length=cycle, block_length=read.block_length,
-            num_parallel_calls=None if sequential else tune(read.num_parallel_calls),
-            deterministic=None if sequential else read.deterministic,
-        )
+        return runs, cycle
 
     def _finish(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         read = self.read
