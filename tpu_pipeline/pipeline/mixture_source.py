@@ -15,8 +15,7 @@ records go through the one parse of the pipeline unchanged and `SOURCE_KEY` is a
 
 With the plan's record cache, every source's records are read once into one vector in memory, and
 the sources' streams are of indices into it: each block of the mixture is then one gather from that
-vector, the only copy of a record before the parse (the same one a single source's window shuffle
-makes).
+vector, the only copy of a record before the parse (a single source's window shuffle makes two).
 """
 from __future__ import annotations
 
@@ -180,8 +179,9 @@ class MixtureSource(RecordFileSource):
         its source when it is that source's k-th choice in the block, exactly as choosing record by
         record would, at a cost per block instead of per record. With the record cache the sources'
         vectors are of indices into the cached records, and the block is one gather from them: each
-        record is copied once; from files, once by the stitch. A source with fewer left (drop) leaves its
-        later choices out; a `stop` source's first choice past its end cuts the block and ends it all.
+        record is copied once; from files, twice (the quota's rebatch and the stitch). A source with fewer
+        left (drop) leaves its later choices out; a `stop` source's first choice past its end cuts the
+        block and ends it all.
         """
         positions = self.positions(context, segment, base)
         schedule = positions.schedule
