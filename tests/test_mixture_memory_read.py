@@ -45,12 +45,12 @@ def gzip_copy(pattern: str, directory) -> str:
     return os.path.join(directory, "*")
 
 
-def mixture(sources, exhausted, cache, compression=None, weights=(0.5, 0.3, 0.2)):
+def mixture(sources, exhausted, cache, compression=None, weights=(0.5, 0.3, 0.2), cycle_length=16):
     compression = compression or ("",) * len(sources)
     parts = tuple(MixturePart(name, TFRecordSource(files=path, compression=kind), weight, policy)
                   for (name, path), weight, policy, kind in zip(sources.items(), weights, exhausted, compression))
     source = MixtureSource(parts, weights, seed=5, shuffle_buffer=32)
-    return source.with_read(ReadOptions(seed=5, record_block=16, cache_records=cache))
+    return source.with_read(ReadOptions(seed=5, record_block=16, cache_records=cache, cycle_length=cycle_length))
 
 
 def element(mixed: dict) -> tuple[int, bytes]:
@@ -83,6 +83,17 @@ def test_an_empty_file_keeps_its_place_in_an_unsharded_read(three_sources, tmp_p
     context = tf.distribute.InputContext()
     exhausted = ("repeat",) * 3
     assert records(mixture(sources, exhausted, True), context, 0) == records(mixture(sources, exhausted, False), context, 0)
+
+
+def test_with_an_autotuned_cycle_the_indices_are_read_through_the_interleave_and_match(three_sources):
+    # cycle_length autotune: the machine picks the interleave's cycle, so no epoch order is replayed
+    # (read_order); the sources' indices go through the same interleave as their records.
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1)
+    exhausted = ("repeat",) * 3
+    memory = mixture(three_sources, exhausted, True, cycle_length="autotune")
+    assert memory.parts[0].source.epoch_indices(context, tf.constant(0, tf.int64)) is None
+    assert records(memory, context, 200) == records(mixture(three_sources, exhausted, False, cycle_length="autotune"),
+                                                    context, 200)
 
 
 def test_a_compressed_source_reads_the_same_from_memory(three_sources, tmp_path):
