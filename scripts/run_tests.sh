@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs the whole test suite (CPU only; 8 logical CPU replicas).
+#
+#   bash scripts/run_tests.sh [pytest args]         in .venv: the registry's TensorFlow (2.21)
+#   bash scripts/run_tests.sh --tpu [pytest args]   in .venv-tpu: the TPU TensorFlow (2.19.1, docs/tpu.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh
+VENV=.venv
+if [ "${1:-}" = "--tpu" ]; then
+  shift
+  VENV=.venv-tpu
+  bash scripts/setup_env.sh --tpu
+else
+  bash scripts/setup_env.sh
+fi
 # Two worker processes (pytest-xdist): the tests not marked slow run together on one, in order, while
 # the slow ones (child processes the test mostly waits on) run one by one on whichever is free
 # (tests/conftest.py groups them). TEST_WORKERS=0 runs everything in this one process.
-exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec "$VENV/bin/python" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -9,7 +9,13 @@ The public API, kept small (see docs/api.md):
 """
 from typing import Any
 
-from tpu_pipeline.errors import (
+from tpu_pipeline.tensorflow_install import prepare_tensorflow_import
+
+# Before any module of ours imports TensorFlow: with no TPU on this machine (or a libtpu that does not
+# match the TPU TensorFlow), TensorFlow starts without libtpu instead of hanging or aborting.
+prepare_tensorflow_import()
+
+from tpu_pipeline.errors import (  # noqa: E402
     ClusterError, ConfigError, DataError, TpuCompatibilityError, TpuPipelineError,
 )
 
