@@ -111,5 +111,11 @@ except md.PackageNotFoundError:
     libtpu = "none as a package (the image's libtpu.so)"
 print(f"setup_env --tpu: .venv-tpu holds {found[0]}, tf-keras {keras}, libtpu {libtpu}; no other TensorFlow")
 EOF
+# Any script in .venv-tpu, not only one that imports tpu_pipeline before TensorFlow: on a machine with no
+# TPU device, TensorFlow starts without libtpu (which would retry the GCE metadata server for minutes).
+# A .pth line runs at interpreter start-up; a TPU VM (a device file present) is left as it is.
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "import os, glob; os.environ.setdefault('TPU_LOAD_LIBRARY', '0') if not (glob.glob('/dev/accel*') or [p for p in glob.glob('/dev/vfio/*') if os.path.basename(p).isdigit()]) else None" \
+  > "$SITE/tpu_pipeline_no_tpu_no_libtpu.pth"
 rm -f "$VENV"/.installed-*
 touch "$STAMP"

@@ -13,6 +13,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import pytest  # noqa: E402
+
+import tpu_pipeline  # noqa: E402,F401  (first: under the TPU TensorFlow with no TPU here, TF must start without libtpu)
 import tensorflow as tf  # noqa: E402
 
 NUM_LOGICAL_CPUS = 8
