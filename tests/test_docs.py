@@ -15,7 +15,11 @@
   its ops pass `check_ops`, as `tpu-pipeline` checks them. Marked blocks are only parsed.
 - Every `tpu-pipeline COMMAND ...` line of a ```bash block names a real command, flags that command
   defines (`flags.DEFINE_*` in its module under tpu_pipeline/commands/, the global ones in cli.py)
-  and config keys that exist; every `bash scripts/...` line names a script that exists.
+  and config keys that exist; every script it names (`bash scripts/...`, `$(python scripts/deps.py)`)
+  exists; other lines are pip, git clone, cd, or gcloud commands with flags the test knows (what runs on
+  a TPU VM through `--command=` is checked like the rest).
+- No page lists the package's dependencies by hand (`scripts/deps.py` prints them from setup.cfg), and
+  every TPU pin it names is the one `scripts/setup_env.sh --tpu` installs.
 - Every relative link points at a file that exists, and every `#anchor` at a heading of that
   markdown file (GitHub's slug rules).
 - The README's guide table links every guide under docs/.
@@ -212,31 +216,76 @@ def bash_lines() -> list:
     return found
 
 
-@pytest.mark.parametrize("line", bash_lines())
-def test_bash_line_names_real_commands_flags_and_keys(line: str):
+# gcloud commands the guides use, with the flags each takes (from the gcloud reference pages of these
+# commands, https://cloud.google.com/sdk/gcloud/reference/compute/tpus/tpu-vm and .../storage/buckets/create).
+GCLOUD = {
+    ("compute", "tpus", "tpu-vm", "create"): {"zone", "accelerator-type", "version"},
+    ("compute", "tpus", "tpu-vm", "ssh"): {"zone", "worker", "command"},
+    ("compute", "tpus", "tpu-vm", "scp"): {"zone", "worker", "recurse"},
+    ("compute", "tpus", "tpu-vm", "delete"): {"zone"},
+    ("compute", "tpus", "tpu-vm", "versions", "list"): {"zone"},
+    ("storage", "buckets", "create"): {"location"},
+}
+PIP = {"install", "uninstall", "list"}
+
+
+def check_command(words: list[str], line: str) -> None:
+    """One command: `tpu-pipeline` (or a virtual environment's), `bash scripts/...`, `python scripts/...`,
+    pip, the gcloud commands above (the command `--command=` runs on the VM checked the same way), git clone, cd."""
+    while words and re.match(r"^[A-Z][A-Z0-9_]*=", words[0]):
+        words = words[1:]  # VAR=value before the command
+    for word in words:  # a script named anywhere, e.g. in $(python scripts/deps.py), exists
+        script = word.strip("$()")
+        if script.startswith("scripts/"):
+            assert os.path.isfile(os.path.join(REPO, script)), f"{script} does not exist: {line!r}"
+    program = words[0]
+    if program in ("tpu-pipeline", ".venv/bin/tpu-pipeline", ".venv-tpu/bin/tpu-pipeline"):
+        check_tpu_pipeline(words[1:], line)
+    elif program in ("bash", "python", "python3", ".venv/bin/python", ".venv-tpu/bin/python") and words[1] != "-m":
+        assert words[1].startswith("scripts/"), f"{program} runs a script of this repository: {line!r}"
+    elif program == "pip" or words[1:3] == ["-m", "pip"]:
+        command = words[1] if program == "pip" else words[3]
+        assert command in PIP, f"pip {command}: not a pip command this page should need: {line!r}"
+    elif program == "gcloud":
+        known = next((flags for command, flags in GCLOUD.items() if tuple(words[1:1 + len(command)]) == command), None)
+        assert known is not None, f"not a gcloud command the tests know ({sorted(GCLOUD)}): {line!r}"
+        for word in words:
+            if word.startswith("--"):
+                name, _, value = word[2:].partition("=")
+                assert name in known, f"gcloud {' '.join(words[1:4])} has no flag --{name} here: {line!r}"
+                if name == "command":
+                    for part in value.split("&&"):
+                        check_command(shlex.split(part), line)
+    else:
+        assert (program == "git" and words[1] == "clone") or program == "cd", (
+            f"a ```bash line runs tpu-pipeline, a script of this repository, pip, gcloud compute tpus tpu-vm, "
+            f"git clone or cd: {line!r}")
+
+
+def check_tpu_pipeline(words: list[str], line: str) -> None:
     from tpu_pipeline.config.loader import config_keys
 
-    words = [w.strip("[]") for w in shlex.split(line, comments=True)]
-    words = [w for w in words if w and w != "..."]
-    if words[0] == "bash":
-        assert os.path.isfile(os.path.join(REPO, words[1])), f"{words[1]} does not exist"
-        return
-    assert words[0] == "tpu-pipeline", f"a ```bash block runs `tpu-pipeline` or `bash scripts/...`: {line!r}"
     flags = command_flags()
-    assert words[1] in flags, f"no command {words[1]!r}; commands: {sorted(flags)}"
-    known, keys = flags[words[1]], config_keys()
-    rest = iter(words[2:])
+    assert words[0] in flags, f"no command {words[0]!r}; commands: {sorted(flags)}"
+    known, keys = flags[words[0]], config_keys()
+    rest = iter(words[1:])
     for word in rest:
         if word.startswith("--"):
             name, has_value, _ = word[2:].partition("=")
             boolean = known[name] if name in known else (True if known.get(name[2:]) and name.startswith("no") else None)
-            assert boolean is not None, f"tpu-pipeline {words[1]} has no flag --{name}; it has: {sorted(known)}"
+            assert boolean is not None, f"tpu-pipeline {words[0]} has no flag --{name}; it has: {sorted(known)}"
             if not boolean and not has_value:
                 next(rest, None)  # the flag's value
         elif "=" in word and word.split("=")[0] != "key":
             # up to a list index: an op's arguments are free (data.preprocess.0.size)
             key = re.split(r"\.\d+(?:\.|$)", word.split("=")[0])[0]
             assert any(k == key or k.startswith(key + ".") for k in keys), f"{word!r}: no config key {key!r}"
+
+
+@pytest.mark.parametrize("line", bash_lines())
+def test_bash_line_names_real_commands_flags_and_keys(line: str):
+    words = [w.strip("[]") for w in shlex.split(line, comments=True)]
+    check_command([w for w in words if w and w != "..."], line)
 
 
 # --- links --------------------------------------------------------------------------------------
@@ -298,3 +347,65 @@ def test_the_readme_guide_table_links_every_guide():
     linked = set(re.findall(r"\]\((docs/[^)#]+\.md)\)", table))
     missing = sorted(set(doc for doc in DOCS if doc.startswith("docs/")) - linked)
     assert not missing, f"add a row for each to the README's guide table: {missing}"
+
+
+# --- what the docs say about installing ----------------------------------------------------------
+
+
+def install_texts() -> list[tuple[str, str]]:
+    """(where, text) of every page and every notebook cell."""
+    import nbformat
+
+    texts = [(doc, open(os.path.join(REPO, doc)).read()) for doc in DOCS]
+    for path in sorted(glob.glob(os.path.join(REPO, "notebooks", "*.ipynb"))):
+        notebook = nbformat.read(path, as_version=4)
+        texts += [(f"{os.path.relpath(path, REPO)} cell {n}", cell.source) for n, cell in enumerate(notebook.cells)]
+    return texts
+
+
+def test_no_page_lists_the_dependencies_by_hand():
+    """setup.cfg is the one list: a `pip install` that names two of its projects has copied it, and will drift
+    (docs/training.md's copy once lacked google-crc32c, without which `train` stops at an import)."""
+    spec = importlib.util.spec_from_file_location("deps", os.path.join(REPO, "scripts", "deps.py"))
+    deps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deps)
+    projects = {deps.project_name(r) for r in deps.requirements()} - set(deps.TENSORFLOW_FAMILY)
+    assert "google-crc32c" in projects
+    copied = []
+    for where, text in install_texts():
+        for line in text.split("\n"):
+            for command in re.findall(r"pip install[^`\n]*", line):
+                named = {deps.project_name(word.strip("\"'`,")) for word in command.split()[2:]} & projects
+                if len(named) >= 2:
+                    copied.append(f"{where}: {command.strip()} (names {sorted(named)}; use $(python scripts/deps.py))")
+    assert not copied, "\n".join(copied)
+
+
+def test_every_tpu_pin_named_is_the_one_setup_env_installs():
+    from tpu_pipeline.tensorflow_install import TESTED_LIBTPU, TESTED_TPU_TENSORFLOW
+
+    setup_env = open(os.path.join(REPO, "scripts", "setup_env.sh")).read()
+    assert f'TPU_TENSORFLOW="tensorflow-tpu=={TESTED_TPU_TENSORFLOW}"' in setup_env
+    assert f'TPU_LIBTPU="libtpu=={TESTED_LIBTPU}"' in setup_env
+    minor = ".".join(TESTED_TPU_TENSORFLOW.split(".")[:2])
+    wrong = []
+    for where, text in install_texts():
+        wrong += [f"{where}: tensorflow-tpu=={v}" for v in re.findall(r"tensorflow-tpu==([\d.]+\d)", text)
+                  if v != TESTED_TPU_TENSORFLOW]
+        wrong += [f"{where}: libtpu=={v}" for v in re.findall(r"libtpu==([\d.]+\d)", text) if v != TESTED_LIBTPU]
+        wrong += [f"{where}: tf-keras~={v}" for v in re.findall(r"tf-keras~=(\d+\.\d+)", text) if v != minor]
+        if re.search(r"Supported: TensorFlow 2\.\d+ and newer", text):
+            wrong.append(f"{where}: claims a TensorFlow range; say what is tested (README, 'On a TPU')")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_readme_says_which_tensorflows_are_tested_and_how():
+    from tpu_pipeline.tensorflow_install import TESTED_TPU_TENSORFLOW
+
+    readme = open(os.path.join(REPO, "README.md")).read()
+    section = readme[readme.index("## The two commands"):readme.index("## Quickstart (Python)")]
+    for needed in ("bash scripts/setup_env.sh --tpu", "(docs/tpu.md)", f"tensorflow-tpu` {TESTED_TPU_TENSORFLOW}",
+                   "`.ci/run`", "bash scripts/run_tests.sh --tpu", ".venv-tpu"):
+        assert needed in section, f"the README's 'On a TPU' paragraph should name {needed!r}"
+    features = readme[:readme.index("## The two commands")]
+    assert "(docs/tpu.md)" in features, "the feature list should link docs/tpu.md"
