@@ -23,8 +23,11 @@ from typing import Mapping, MutableMapping
 TESTED_TPU_TENSORFLOW = "2.19.1"
 TESTED_LIBTPU = "0.0.10"
 TPU_SETUP_COMMAND = "bash scripts/setup_env.sh --tpu"
-TPU_PIP_COMMAND = ('pip uninstall -y tensorflow tensorflow-cpu && pip install "tensorflow-tpu==2.19.1" '
-                   '&& pip install --no-deps "tf-keras~=2.19.0"')
+# What setup_env.sh --tpu does, for a pip user. tensorflow-tpu goes out too: uninstalling `tensorflow`
+# beside it deletes files of the one `tensorflow/` folder both wrote, and pip would not reinstall them.
+TPU_PIP_COMMAND = ('pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu && pip install "tensorflow-tpu==2.19.1" '
+                   '"libtpu==0.0.10" && pip install --no-deps "tf-keras~=2.19.0"')
+TPU_FIX = f"{TPU_SETUP_COMMAND} (in this repository), or: {TPU_PIP_COMMAND}"
 
 # Distributions that each ship the `tensorflow` package folder.
 _TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-tpu", "tensorflow-cpu", "tensorflow-intel", "tf-nightly",
@@ -101,6 +104,25 @@ def attached_tpu_device(dev: str = "/dev") -> str | None:
     return vfio[0] if vfio else None
 
 
+def colab_tpu_runtime(env: Mapping[str, str] = os.environ) -> str | None:
+    """Colab's TPU VM runtime, from the variables it sets, or None.
+
+    Colab's start-up script tests `COLAB_TPU_1VM == "1"` (other runtimes set it empty); its TPU runtimes
+    also set TPU_ACCELERATOR_TYPE (e.g. v5e-1), TPU_SKIP_MDS_QUERY=1 and TPU_WORKER_HOSTNAMES=localhost.
+    The legacy COLAB_TPU_ADDR (a TPU Node reached over grpc) is a remote TPU, not this machine's.
+    """
+    if env.get("COLAB_TPU_1VM", "").strip() != "1":
+        return None
+    kind = env.get("TPU_ACCELERATOR_TYPE", "").strip()
+    return "Colab's TPU runtime (COLAB_TPU_1VM=1" + (f", TPU_ACCELERATOR_TYPE={kind})" if kind else ")")
+
+
+def attached_tpu(env: Mapping[str, str] = os.environ, dev: str = "/dev") -> str | None:
+    """Why we believe a TPU is attached to this machine (a device file, Colab's TPU runtime), or None."""
+    device = attached_tpu_device(dev)
+    return f"TPU device file {device}" if device else colab_tpu_runtime(env)
+
+
 def libtpu_mismatch(install: TensorFlowInstall) -> str | None:
     """Why this TPU TensorFlow cannot load this libtpu (its own pin unmet, or a pair measured to abort), or None."""
     tpu_versions = [version for name, version in install.tensorflow if name in ("tensorflow-tpu", "tf-nightly-tpu")]
@@ -117,29 +139,51 @@ def libtpu_mismatch(install: TensorFlowInstall) -> str | None:
     return None
 
 
+NO_TPU_DEVICE = "this machine has no TPU device (/dev/accel*, /dev/vfio/N)"
 # Set by prepare_tensorflow_import when it kept libtpu out: the resolver's one-line reason.
 LIBTPU_HELD_BACK: str | None = None
+# Beside our TPU_LOAD_LIBRARY=0, the reason: a child process inherits both and decides again, rather than
+# taking our switch for the user's own.
+HELD_BACK_ENV = "TPU_PIPELINE_LIBTPU_HELD_BACK"
 
 
-def prepare_tensorflow_import(env: MutableMapping[str, str] = os.environ, dev: str = "/dev") -> str | None:
+def prepare_tensorflow_import(env: MutableMapping[str, str] = os.environ, dev: str = "/dev",
+                              modules: Mapping[str, object] = sys.modules,
+                              install: TensorFlowInstall | None = None) -> str | None:
     """Before TensorFlow's first import: start it without libtpu where libtpu would hang or abort.
 
     Returns why libtpu was held back (None when it may load, or TensorFlow is already imported, or the
     user set TPU_LOAD_LIBRARY themselves).
     """
     global LIBTPU_HELD_BACK
-    if "tensorflow" in sys.modules or "TPU_LOAD_LIBRARY" in env:
+    if "tensorflow" in modules:
         return None
-    device = attached_tpu_device(dev)
-    if device is None:
-        reason = "this machine has no TPU device (/dev/accel*, /dev/vfio/N)"
+    if HELD_BACK_ENV in env and env.get("TPU_LOAD_LIBRARY") == "0":  # ours, inherited: decide again
+        del env["TPU_LOAD_LIBRARY"], env[HELD_BACK_ENV]
+    if "TPU_LOAD_LIBRARY" in env:
+        return None
+    if attached_tpu(env, dev) is None:
+        reason = NO_TPU_DEVICE
     else:
-        reason = libtpu_mismatch(installed())
+        reason = libtpu_mismatch(install or installed())
         if reason is None:
             return None
     env["TPU_LOAD_LIBRARY"] = "0"
+    env[HELD_BACK_ENV] = reason
     LIBTPU_HELD_BACK = reason
     return reason
+
+
+def libtpu_not_loaded(env: Mapping[str, str] = os.environ, dev: str = "/dev") -> tuple[str, str] | None:
+    """(why TensorFlow did not load libtpu in this process, what fixes it), or None where TPU_LOAD_LIBRARY
+    let it load (whether it did is TensorFlow's: e.g. another process holding the TPU stops it)."""
+    if env.get("TPU_LOAD_LIBRARY") != "0":
+        return None
+    # Ours, or (no TPU here) e.g. the start-up line setup_env.sh puts in .venv-tpu; else the user's own.
+    why = LIBTPU_HELD_BACK or env.get(HELD_BACK_ENV) or (NO_TPU_DEVICE if attached_tpu(env, dev) is None else None)
+    if why is None:
+        return "TPU_LOAD_LIBRARY=0 is set in the environment", "unset TPU_LOAD_LIBRARY"
+    return why, ("nothing: there is no TPU here to load it for" if why == NO_TPU_DEVICE else TPU_FIX)
 
 
 def tensorflow_build(tf_module: object) -> str:
@@ -152,9 +196,22 @@ def tensorflow_build(tf_module: object) -> str:
     return "CUDA" if build.get("is_cuda_build") else "CPU"
 
 
+def libtpu_line(build: str, install: TensorFlowInstall, env: Mapping[str, str] = os.environ) -> str:
+    """For `devices`: libtpu's version and whether this process's TensorFlow loaded it, or why not."""
+    version = f"libtpu: {install.libtpu or 'no package installed'}"
+    if build != "TPU":
+        return f"{version}; unused (a {build} build of TensorFlow has no TPU kernels)"
+    off = libtpu_not_loaded(env)
+    if off is not None:
+        return f"{version}; not loaded: {off[0]}"
+    where = env.get("TPU_LIBRARY_PATH") or ("the package" if install.libtpu else "libtpu.so on the library path")
+    return f"{version}; TensorFlow loads it at import (from {where})"
+
+
 def environment_summary(env: Mapping[str, str] = os.environ) -> str:
     """One line for `devices` and `doctor`: the distributions and whether libtpu may load."""
     line = installed().describe()
-    if env.get("TPU_LOAD_LIBRARY") == "0":
-        line += f"; libtpu not loaded ({LIBTPU_HELD_BACK or 'TPU_LOAD_LIBRARY=0'})"
+    off = libtpu_not_loaded(env)
+    if off is not None:
+        line += f"; libtpu not loaded ({off[0]})"
     return line
