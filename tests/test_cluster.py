@@ -16,8 +16,10 @@ import weakref
 import pytest
 import tensorflow as tf
 
+from tpu_pipeline import tensorflow_install as install_lib
 from tpu_pipeline.cluster import ClusterInfo, TfTpuBackend, choose_kind, detect_local_tpu, resolve
 from tpu_pipeline.cluster import tpu as tpu_lib
+from tpu_pipeline.cluster.tpu_stack import TensorFlowStack
 from tpu_pipeline.config.base import validate
 from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.errors import ClusterError, ConfigError
@@ -44,12 +46,23 @@ class FakeResolver:
         return tf.train.ClusterSpec({"worker": [f"10.0.0.{i}:8470" for i in range(self.workers)]})
 
 
+def stack(build="TPU", tensorflow=(("tensorflow-tpu", "2.19.1"),), libtpu="0.0.10", libtpu_off=None) -> TensorFlowStack:
+    """A TensorFlow as the seam reports it; by default the TPU build with its own libtpu, loaded."""
+    install = install_lib.TensorFlowInstall(tuple(tensorflow), "2.19.0", libtpu, "==0.0.10")
+    return TensorFlowStack(build, tensorflow[-1][1], install, libtpu_off)
+
+
+PLAIN_TF = stack("CPU", (("tensorflow", "2.21.0"),), libtpu=None)
+
+
 class FakeTpuBackend:
     """Records (call, tpu, ...) tuples; TPUs outside `reachable` fail where `fail_at` says."""
 
-    def __init__(self, reachable=(), *, evidence=None, workers=1, cores_per_host=8, fail_at="make_resolver"):
+    def __init__(self, reachable=(), *, evidence=None, workers=1, cores_per_host=8, fail_at="make_resolver",
+                 tensorflow=None):
         self.reachable = set(reachable)
         self.evidence = evidence
+        self.tensorflow = tensorflow or stack()
         self.workers = workers
         self.cores_per_host = cores_per_host
         self.fail_at = fail_at
@@ -62,6 +75,10 @@ class FakeTpuBackend:
     def local_tpu_evidence(self):
         self.calls.append(("evidence",))
         return self.evidence
+
+    def tensorflow_stack(self):
+        self.calls.append(("stack",))
+        return self.tensorflow
 
     def make_resolver(self, tpu, zone, project):
         self.calls.append(("make_resolver", tpu, zone, project))
@@ -87,8 +104,8 @@ class FakeTpuBackend:
         return types.SimpleNamespace(num_replicas_in_sync=cores, extended=extended)
 
     def tpu_steps(self) -> list[tuple]:
-        """The calls after the evidence probe."""
-        return [c for c in self.calls if c[0] != "evidence"]
+        """The calls after the probes of this machine (its TPU device files, its TensorFlow)."""
+        return [c for c in self.calls if c[0] not in ("evidence", "stack")]
 
 
 def connected(tpu: str, zone=None, project=None) -> list[tuple]:
@@ -157,17 +174,15 @@ def test_fresh_process_cpu_split_then_error_after_tf_started():
         no_tpu = type("NoTpu", (tpu.TfTpuBackend,), {"local_tpu_evidence": lambda self: None})()
         info = resolve(ClusterConfig(cpu_replicas=3), env={}, tpu_backend=no_tpu)
         print("split", info.kind, info.num_replicas, info.strategy.num_replicas_in_sync)
-        # A real TPU attempt on a machine without one: TF's own error is listed, not raised bare.
-        if tpu.detect_local_tpu() is None:
-            try:
-                resolve(ClusterConfig(accelerator="tpu"), env={}, tpu_backend=no_tpu)
-            except ClusterError as error:
-                print("tpu-error", "tpu='local': raised" in str(error))
+        # Asked for a TPU on a machine without one: the places looked at are listed, 'local' is not tried.
+        try:
+            resolve(ClusterConfig(accelerator="tpu"), env={}, tpu_backend=no_tpu)
+        except ClusterError as error:
+            print("tpu-error", "TPU attached to this VM: no /dev/accel*" in str(error), "raised" in str(error))
         """
     )
     assert "split cpu 3 3" in out
-    if detect_local_tpu() is None:
-        assert "tpu-error True" in out
+    assert "tpu-error True False" in out
 
     out = _run_fresh(
         """
@@ -260,7 +275,7 @@ def test_multi_host_pod_slice_num_hosts_from_cluster_spec():
 
 
 def test_tpu_vm_num_hosts_from_strategy_when_cluster_spec_empty():
-    fake = FakeTpuBackend(reachable={"local"}, evidence="libtpu", workers=2)
+    fake = FakeTpuBackend(reachable={"local"}, evidence="TPU device file /dev/vfio/0", workers=2)
     info = resolve(env={}, tpu_backend=fake)  # 'local' resolver: empty cluster spec
     assert info.num_hosts == 2
 
@@ -288,10 +303,9 @@ def test_asked_for_tpu_none_found_lists_every_attempt_and_the_fix():
         "  - COLAB_TPU_ADDR env var: tpu='grpc://10.1.1.1:8470': "
         "raised ValueError: fake: no TPU named grpc://10.1.1.1:8470 (connect)"
     )
-    assert lines[3].startswith("  - TPU attached to this VM (no /dev/accel*") and lines[3].endswith(
-        "tpu='local': raised ValueError: fake: no TPU named local (connect)"
-    )
-    for fix in ("set TPU_NAME", "cluster.tpu=", "Colab", "tensorflow-tpu"):
+    # No device file: libtpu was not loaded here, so 'local' is not tried, only noted.
+    assert lines[3] == "  - TPU attached to this VM: no /dev/accel* or /dev/vfio/N device file, not Colab's TPU runtime"
+    for fix in ("set TPU_NAME", "cluster.tpu=", "Colab", install_lib.TPU_SETUP_COMMAND, install_lib.TPU_PIP_COMMAND):
         assert fix in message
     assert not [c for c in fake.calls if c[0] == "initialize"]
 
@@ -324,17 +338,169 @@ def test_real_backend_makes_the_current_tf_calls(monkeypatch):
     monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda r: calls.append(("TPUStrategy",)) or strategy)
     monkeypatch.setattr(tpu_lib, "_CONNECTIONS", weakref.WeakKeyDictionary())  # keep the process cache clean
 
-    info = resolve(ClusterConfig(tpu="local"), env={}, tpu_backend=TfTpuBackend())
-    resolve(ClusterConfig(tpu="local"), env={})  # the default backend: another instance, same process cache
-    assert calls == [("TPUClusterResolver", "local", None, None), ("connect",), ("initialize",), ("TPUStrategy",)]
+    # A remote address: 'local' here would stop at the dead-end check (no TPU device on this machine).
+    address = "grpc://10.0.0.2:8470"
+    info = resolve(ClusterConfig(tpu=address), env={}, tpu_backend=TfTpuBackend())
+    resolve(ClusterConfig(tpu=address), env={})  # the default backend: another instance, same process cache
+    assert calls == [("TPUClusterResolver", address, None, None), ("connect",), ("initialize",), ("TPUStrategy",)]
     assert info.strategy is strategy and info.num_replicas == 8
 
 
-def test_detect_local_tpu_from_device_files(tmp_path):
+# --------------------------------------------------------------------------------------------
+# A TPU of this machine that this TensorFlow cannot drive: one line, before any TPU call
+
+
+DEVICE = "TPU device file /dev/accel0"
+SETUP_FIX = f"Fix: {install_lib.TPU_SETUP_COMMAND} (in this repository), or: {install_lib.TPU_PIP_COMMAND}"
+
+
+def dead_end(config=None, env=None, **fake) -> tuple[str, FakeTpuBackend]:
+    """The ClusterError's message, checked to be one line, and the fake (to see that no TPU call was made)."""
+    backend = FakeTpuBackend(**fake)
+    with pytest.raises(ClusterError) as raised:
+        resolve(config or ClusterConfig(), env=env or {}, tpu_backend=backend)
+    message = str(raised.value)
+    assert "\n" not in message and "Traceback" not in message
+    assert "local" not in {c[1] for c in backend.tpu_steps()}  # this machine's TPU was never touched
+    return message, backend
+
+
+@pytest.mark.parametrize("config, env, named", [
+    (ClusterConfig(), {}, "a TPU is attached to this machine (TPU device file /dev/accel0)"),
+    (ClusterConfig(), {"TPU_NAME": "local"}, "TPU_NAME=local asks for the TPU of this machine"),
+    (ClusterConfig(accelerator="tpu"), {}, "a TPU is attached to this machine (TPU device file /dev/accel0)"),
+    (ClusterConfig(tpu="local"), {}, "cluster.tpu=local asks for the TPU of this machine"),
+])
+def test_plain_tensorflow_with_a_tpu_attached_names_the_build_and_the_fix(config, env, named):
+    """(a) the registry's TensorFlow has no TPU kernels: auto mode must not train on the CPU beside a billed TPU."""
+    message, backend = dead_end(config, env, reachable={"local"}, evidence=DEVICE, tensorflow=PLAIN_TF)
+    assert message == (
+        f"{named}, but TensorFlow 2.21.0 here is a CPU build, which has no TPU kernels (the TPU build is the "
+        "tensorflow-tpu distribution); installed: tensorflow 2.21.0, tf-keras 2.19.0, libtpu not installed as a "
+        f"package. {SETUP_FIX}"
+    )
+    assert backend.tpu_steps() == []
+
+
+def test_libtpu_held_back_for_a_mismatch_names_it():
+    """(b) prepare_tensorflow_import kept a libtpu that would abort `import tensorflow` out."""
+    why = "tensorflow-tpu 2.20.0 aborts `import tensorflow` with libtpu 0.0.52 (measured: 0.0.40 and newer)"
+    held = stack(tensorflow=(("tensorflow-tpu", "2.20.0"),), libtpu="0.0.52", libtpu_off=(why, install_lib.TPU_FIX))
+    message, _ = dead_end(evidence="TPU device file /dev/vfio/0", tensorflow=held)
+    assert message.startswith("a TPU is attached to this machine (TPU device file /dev/vfio/0), but TensorFlow did not "
+                              f"load libtpu: {why}; installed: tensorflow-tpu 2.20.0, tf-keras 2.19.0, libtpu 0.0.52.")
+    assert message.endswith(SETUP_FIX)
+
+
+def test_users_own_tpu_load_library_zero_is_named_with_its_fix():
+    off = stack(libtpu_off=("TPU_LOAD_LIBRARY=0 is set in the environment", "unset TPU_LOAD_LIBRARY"))
+    message, _ = dead_end(env={"TPU_NAME": "local"}, evidence=DEVICE, tensorflow=off)
+    assert message.endswith("TensorFlow did not load libtpu: TPU_LOAD_LIBRARY=0 is set in the environment; installed: "
+                            "tensorflow-tpu 2.19.1, tf-keras 2.19.0, libtpu 0.0.10. Fix: unset TPU_LOAD_LIBRARY")
+
+
+@pytest.mark.parametrize("config, env, fix", [
+    (ClusterConfig(), {"TPU_NAME": "local"}, "Fix: unset TPU_NAME (or set it to your Cloud TPU's name, with TPU_ZONE "
+                                             "and TPU_PROJECT), or train on this CPU with cluster.accelerator=cpu"),
+    (ClusterConfig(accelerator="tpu"), {"TPU_NAME": " local "}, "Fix: unset TPU_NAME"),
+    (ClusterConfig(tpu="local"), {}, "Fix: drop cluster.tpu=local to train on this machine's CPU or GPUs, or name "
+                                     "your Cloud TPU: cluster.tpu=<name>"),
+])
+def test_local_named_on_a_machine_without_a_tpu(config, env, fix):
+    """(c) whatever TensorFlow is installed: there is no TPU here to drive."""
+    message, _ = dead_end(config, env, reachable={"local"})
+    assert "asks for the TPU of this machine, but this machine has no TPU (no /dev/accel* or /dev/vfio/N device " \
+           "file); installed: tensorflow-tpu 2.19.1" in message
+    assert fix in message
+
+
+def test_two_tensorflow_distributions_in_one_folder():
+    """(d) tensorflow-tpu + tf-keras without --no-deps puts the registry's tensorflow beside it."""
+    both = stack(tensorflow=(("tensorflow", "2.19.1"), ("tensorflow-tpu", "2.19.1")))
+    message, _ = dead_end(evidence=DEVICE, tensorflow=both)
+    assert ("but tensorflow 2.19.1 and tensorflow-tpu 2.19.1 are installed together: two TensorFlow distributions "
+            "write one tensorflow/ folder") in message
+    assert "installed: tensorflow 2.19.1 + tensorflow-tpu 2.19.1, tf-keras 2.19.0, libtpu 0.0.10" in message
+    assert message.endswith(SETUP_FIX)
+
+
+def test_colab_tpu_runtime_counts_as_attached():
+    colab = {"COLAB_TPU_1VM": "1", "TPU_ACCELERATOR_TYPE": "v5e-1"}
+    message, _ = dead_end(env=colab, tensorflow=PLAIN_TF)
+    assert message.startswith("a TPU is attached to this machine (Colab's TPU runtime (COLAB_TPU_1VM=1, "
+                              "TPU_ACCELERATOR_TYPE=v5e-1)), but TensorFlow 2.21.0 here is a CPU build")
+    fake = FakeTpuBackend(reachable={"local"})
+    assert resolve(env=colab, tpu_backend=fake).tpu == "local"  # with the TPU build: tried, and connected
+    # Colab's other runtimes set COLAB_TPU_1VM empty.
+    assert resolve(env={"COLAB_TPU_1VM": ""}, tpu_backend=FakeTpuBackend(tensorflow=PLAIN_TF)).kind == "cpu"
+
+
+def test_cpu_accelerator_is_the_opt_out_with_a_tpu_attached():
+    fake = FakeTpuBackend(reachable={"local"}, evidence=DEVICE, tensorflow=PLAIN_TF)
+    info = resolve(ClusterConfig(accelerator="cpu"), env={"TPU_NAME": "local"}, tpu_backend=fake)
+    assert info.kind == "cpu" and fake.calls == []
+
+
+def test_remote_tpus_need_no_tpu_kernels_here():
+    for env, address in (({"TPU_NAME": "my-tpu"}, "my-tpu"), ({"COLAB_TPU_ADDR": "10.0.0.2:8470"}, "grpc://10.0.0.2:8470")):
+        fake = FakeTpuBackend(reachable={address}, tensorflow=PLAIN_TF)
+        assert resolve(env=env, tpu_backend=fake).tpu == address
+        assert ("stack",) not in fake.calls
+    fake = FakeTpuBackend(reachable={"grpc://10.0.0.2:8470"}, tensorflow=PLAIN_TF)
+    assert resolve(ClusterConfig(tpu="grpc://10.0.0.2:8470"), env={}, tpu_backend=fake).kind == "tpu"
+    # A remote TPU named beside an attached one is still tried first; the dead end comes after it.
+    message, backend = dead_end(env={"TPU_NAME": "gone"}, evidence=DEVICE, tensorflow=PLAIN_TF)
+    assert backend.tpu_steps() == [("make_resolver", "gone", None, None)]
+    assert "CPU build" in message
+
+
+def test_attached_tpu_that_fails_to_connect_is_an_error_not_a_cpu_fallback():
+    fake = FakeTpuBackend(reachable=(), evidence=DEVICE, fail_at="initialize")
+    with pytest.raises(ClusterError) as raised:
+        resolve(env={}, tpu_backend=fake)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "no TPU found (a TPU is attached to this machine (TPU device file /dev/accel0)). Tried:"
+    assert "raised ValueError: fake: no TPU named local (initialize)" in lines[1]
+    assert lines[-1] == "  - or train on this machine's CPU or GPUs with cluster.accelerator=cpu (or gpu)."
+
+
+def test_real_backend_reports_this_process_stack_through_the_same_check():
+    """TfTpuBackend's stack is the imported TensorFlow's; with a TPU faked as attached, no TensorFlow in a CPU
+    test process can drive it (.venv: no TPU kernels; .venv-tpu: libtpu not loaded, there is no device)."""
+    import tensorflow as real_tf
+
+    reported = TfTpuBackend().tensorflow_stack()
+    assert reported.build == install_lib.tensorflow_build(real_tf) and reported.version == real_tf.__version__
+    assert reported.install == install_lib.installed()
+    assert (reported.build == "TPU") == reported.install.is_tpu_distribution
+
+    attached = type("Attached", (TfTpuBackend,), {"local_tpu_evidence": lambda self: DEVICE})()
+    with pytest.raises(ClusterError) as raised:
+        resolve(env={}, tpu_backend=attached)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"a TPU is attached to this machine ({DEVICE}), but ")
+    assert f"installed: {install_lib.installed().describe()}" in message and "Fix: " in message
+
+
+def test_devices_with_tpu_name_local_on_this_cpu_is_one_line_and_the_fix():
+    """The user's view: `TPU_NAME=local tpu-pipeline devices` here, in whichever venv runs the suite."""
+    env = dict(os.environ, TPU_NAME="local", PYTHONPATH=REPO)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # a user's shell: the CLI silences TensorFlow's start-up lines itself
+    result = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "devices"], capture_output=True, text=True,
+                            env=env, timeout=120, cwd=REPO)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tpu-pipeline devices: error: TPU_NAME=local asks for the TPU of this machine, but this "
+                               "machine has no TPU")
+    assert "Fix: unset TPU_NAME" in lines[0]
+
+
+def test_detect_local_tpu_from_device_files_only(tmp_path):
     (tmp_path / "vfio").mkdir()
     (tmp_path / "vfio" / "vfio").touch()  # the VFIO control node exists on many non-TPU hosts
-    libtpu = tpu_lib.importlib.util.find_spec("libtpu") is not None
-    assert (detect_local_tpu(str(tmp_path)) is None) is not libtpu
+    assert detect_local_tpu(str(tmp_path)) is None  # whether or not libtpu is installed: .venv-tpu has it anywhere
     (tmp_path / "vfio" / "0").touch()
     assert detect_local_tpu(str(tmp_path)) == f"TPU device file {tmp_path}/vfio/0"
     (tmp_path / "accel0").touch()

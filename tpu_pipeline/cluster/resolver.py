@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping
 import tensorflow as tf
 
 from tpu_pipeline.cluster import tpu as tpu_lib
+from tpu_pipeline.cluster import tpu_stack
 from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.errors import ClusterError
 
@@ -99,14 +100,23 @@ def resolve(
 
 
 def _resolve_tpu(config: ClusterConfig, env: Mapping[str, str], backend: tpu_lib.TpuBackend) -> ClusterInfo | None:
-    """A TPU's ClusterInfo, None when auto mode found none, ClusterError when one was required."""
-    evidence = None if config.tpu else backend.local_tpu_evidence()
-    candidates, notes = tpu_lib.tpu_candidates(config, env, evidence)
+    """A TPU's ClusterInfo; None when auto mode found none; a ClusterError when one was required, or when a
+    TPU of this machine is meant (named 'local' or attached) but this process cannot drive it or none
+    connected: a billed TPU is never left idle for the CPU without a word (cluster.accelerator=cpu says so)."""
+    device = backend.local_tpu_evidence() if config.tpu in (None, tpu_stack.LOCAL) else None
+    local = tpu_stack.local_tpu(config, env, device)
+    attached = local.attached if local else None
+    candidates, notes = tpu_lib.tpu_candidates(config, env, attached)
+    dead_end = tpu_stack.dead_end(local, backend.tensorflow_stack()) if local else None
+    if dead_end:  # remote TPUs (tried first) need no TPU kernels here; this machine's would fail
+        candidates = [candidate for candidate in candidates if candidate.tpu != tpu_stack.LOCAL]
     connection, failures = tpu_lib.try_tpus(candidates, backend)
     if connection is not None:
         return _tpu_info(connection)
-    if config.accelerator == "tpu" or config.tpu:
-        raise ClusterError(tpu_lib.no_tpu_message(config, failures, notes))
+    if dead_end:
+        raise ClusterError(dead_end)
+    if config.accelerator == "tpu" or config.tpu or local:
+        raise ClusterError(tpu_lib.no_tpu_message(config, failures, notes, local.why if local else None))
     if failures:
         log.warning("no TPU found, falling back:\n  %s", "\n  ".join(failures))
     return None

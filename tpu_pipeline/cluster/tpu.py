@@ -1,6 +1,6 @@
 """Finding, connecting and initializing a TPU, behind one narrow seam.
 
-Everything that touches a real TPU goes through a `TpuBackend` (five small calls). `TfTpuBackend`
+Everything that touches a real TPU goes through a `TpuBackend` (six small calls). `TfTpuBackend`
 makes the real TensorFlow calls; tests inject a recording fake, so the code path that decides
 where to look, in which order, and that initializes a TPU only once per process is the same code
 that runs on a TPU VM or in Colab.
@@ -8,21 +8,18 @@ that runs on a TPU VM or in Colab.
 from __future__ import annotations
 
 import dataclasses
-import glob
-import importlib.util
 import logging
-import os
 import threading
 import weakref
 from typing import Any, Mapping, Protocol
 
 import tensorflow as tf
 
+from tpu_pipeline import tensorflow_install as install_lib
+from tpu_pipeline.cluster.tpu_stack import LOCAL, NO_DEVICE, TensorFlowStack, current_stack
 from tpu_pipeline.config.cluster import ClusterConfig
 
 log = logging.getLogger(__name__)
-
-LOCAL = "local"
 
 
 class TpuBackend(Protocol):
@@ -30,6 +27,9 @@ class TpuBackend(Protocol):
 
     def local_tpu_evidence(self) -> str | None:
         """Why we believe a TPU is attached to this machine (a TPU VM), or None."""
+
+    def tensorflow_stack(self) -> TensorFlowStack:
+        """The imported TensorFlow's build and the installed TensorFlow, tf-keras and libtpu."""
 
     def make_resolver(self, tpu: str, zone: str | None, project: str | None) -> Any:
         """A TPUClusterResolver for a TPU name, grpc:// address or 'local'."""
@@ -45,19 +45,13 @@ class TpuBackend(Protocol):
 
 
 def detect_local_tpu(dev: str = "/dev") -> str | None:
-    """Evidence of a TPU VM: TPU device files, or libtpu installed. None when there is none.
+    """Evidence of a TPU VM: a TPU device file. None when there is none.
 
     `TPUClusterResolver("local")` succeeds on any machine, so auto mode tries it only with evidence.
+    An installed libtpu is none: the TPU environment installs it on every machine.
     """
-    accel = sorted(glob.glob(os.path.join(dev, "accel*")))
-    if accel:
-        return f"TPU device file {accel[0]}"
-    vfio = sorted(p for p in glob.glob(os.path.join(dev, "vfio", "*")) if os.path.basename(p).isdigit())
-    if vfio:
-        return f"TPU device file {vfio[0]}"
-    if importlib.util.find_spec("libtpu") is not None:
-        return "the libtpu package is installed"
-    return None
+    device = install_lib.attached_tpu_device(dev)
+    return f"TPU device file {device}" if device else None
 
 
 class TfTpuBackend:
@@ -65,6 +59,9 @@ class TfTpuBackend:
 
     def local_tpu_evidence(self) -> str | None:
         return detect_local_tpu()
+
+    def tensorflow_stack(self) -> TensorFlowStack:
+        return current_stack()
 
     def make_resolver(self, tpu: str, zone: str | None, project: str | None) -> Any:
         return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu, zone=zone, project=project)
@@ -108,7 +105,8 @@ def tpu_candidates(
 
     An explicit `cluster.tpu` is the only candidate: a named TPU that fails must not be replaced
     by another one. Otherwise: TPU_NAME, COLAB_TPU_ADDR (legacy Colab), then the TPU attached to
-    this VM when there is evidence of one (or when a TPU was asked for, as a last resort).
+    this VM when there is evidence of one (a device file, Colab's TPU runtime). Without one, libtpu
+    was not loaded (tensorflow_install), so 'local' is not tried.
     """
     zone = config.tpu_zone or env.get("TPU_ZONE") or None
     project = config.tpu_project or env.get("TPU_PROJECT") or None
@@ -129,10 +127,8 @@ def tpu_candidates(
         notes.append("COLAB_TPU_ADDR env var (legacy Colab TPU): not set")
     if local_evidence:
         candidates.append(_candidate(LOCAL, None, None, f"TPU attached to this VM ({local_evidence})"))
-    elif config.accelerator == "tpu":
-        candidates.append(_candidate(LOCAL, None, None, "TPU attached to this VM (no /dev/accel*, /dev/vfio/N or libtpu seen)"))
     else:
-        notes.append("TPU attached to this VM: no /dev/accel*, /dev/vfio/N or libtpu found")
+        notes.append(f"TPU attached to this VM: {NO_DEVICE}, not Colab's TPU runtime")
     return _unique(candidates), notes
 
 
@@ -185,7 +181,7 @@ def try_tpus(
             return connect_tpu(candidate, backend), failures
         except Exception as error:  # noqa: BLE001 - any failure is reported with the others
             failures.append(f"{_describe(candidate)}: raised {short_error(error)}")
-            log.info("no TPU at %s: %s", candidate.tpu, short_error(error))
+            log.debug("no TPU at %s: %s", candidate.tpu, short_error(error))  # the caller reports them all
     return None, failures
 
 
@@ -217,18 +213,29 @@ def tpu_num_hosts(connection: TpuConnection) -> int:
     return hosts if isinstance(hosts, int) and hosts > 0 else 1
 
 
-def no_tpu_message(config: ClusterConfig, failures: list[str], notes: list[str]) -> str:
-    """The error for 'a TPU was asked for and none was found': every attempt, then the fixes."""
-    why = "cluster.tpu is set" if config.tpu else "cluster.accelerator is 'tpu'"
+def no_tpu_message(config: ClusterConfig, failures: list[str], notes: list[str], local: str | None = None) -> str:
+    """The error for 'a TPU was asked for, or this machine's is meant (`local`: why), and none connected':
+    every attempt, then the fixes."""
+    if local:
+        why = local
+    else:
+        why = "cluster.tpu is set" if config.tpu else "cluster.accelerator is 'tpu'"
     lines = [f"no TPU found ({why}). Tried:"]
     lines += [f"  - {line}" for line in failures]
     lines += [f"  - {line}" for line in notes]
+    if local:  # this process's TensorFlow can drive a TPU (tpu_stack.dead_end): what failed is above
+        lines += [
+            "Fix one of:",
+            "  - stop the other process that holds the TPU, if the error above says so (sudo lsof -w /dev/accel* "
+            "/dev/vfio/* names it; in Colab, Runtime > Restart session);",
+            "  - or train on this machine's CPU or GPUs with cluster.accelerator=cpu (or gpu).",
+        ]
+        return "\n".join(lines)
     lines += [
         "Fix one of:",
         "  - set TPU_NAME (with TPU_ZONE and TPU_PROJECT) to your Cloud TPU's name, or pass "
         "cluster.tpu=<name | grpc://host:8470 | local>;",
-        "  - on a TPU VM, install TensorFlow with TPU support (pip install tensorflow-tpu -f "
-        "https://storage.googleapis.com/libtpu-tf-releases/index.html) and use cluster.tpu=local;",
+        f"  - on a TPU VM, install the TPU TensorFlow: {install_lib.TPU_FIX}; then use cluster.tpu=local;",
         "  - in Colab, pick Runtime > Change runtime type > TPU;",
         "  - or train elsewhere with cluster.accelerator=auto (or gpu / cpu).",
     ]
