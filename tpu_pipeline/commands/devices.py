@@ -1,7 +1,9 @@
 """`tpu-pipeline devices [--config FILE] [cluster.key=value ...]`.
 
-What the resolver finds, as `train` would: the kind, replicas, hosts, each device, its memory
-where TensorFlow can tell (GPUs), and how it was found (TPU_NAME, TF_CONFIG, visible GPUs, ...).
+What the resolver finds, as `train` would: the TensorFlow build (CPU / CUDA / TPU) with tf-keras and
+libtpu, the kind, replicas, hosts, each device, its memory where TensorFlow can tell (GPUs), and how it
+was found (TPU_NAME, TF_CONFIG, visible GPUs, ...). Where a TPU of this machine is meant but this
+TensorFlow cannot drive it, the resolver's one-line error says why and the fix.
 """
 from __future__ import annotations
 
@@ -11,9 +13,13 @@ from tpu_pipeline.commands._common import load
 
 
 def run(overrides: Sequence[str]) -> int:
-    from tpu_pipeline.cluster import resolve
+    from tpu_pipeline.cluster import current_stack, resolve
+    from tpu_pipeline.tensorflow_install import libtpu_line
 
     cluster = resolve(load(overrides).cluster)
+    stack = current_stack()
+    print(f"tensorflow: {stack.describe()}")
+    print(libtpu_line(stack.build, stack.install))
     print(f"kind: {cluster.kind}")
     print(f"replicas: {cluster.num_replicas} on {cluster.num_hosts} host(s)"
           + (f"; this is worker {cluster.worker_id}" + (" (the chief)" if cluster.is_chief else "")
