@@ -8,12 +8,18 @@ Each appends one line per training step to OUT_DIR/ids.log: `step pipeline-or-re
 A killed child leaves lines for steps after its last checkpoint; the next child redoes those
 steps, so the test keeps the last line written for each (step, part) and also checks that the
 redone steps saw the same ids.
+
+`train` also appends what it does, in the order done, to OUT_DIR/events.log, one line each:
+`train STEP` (a training step begins), `eval STEP` (a validation or evaluation step begins),
+`sigterm` (the handler saw the signal), `save STEP` (a checkpoint written), `metrics STEP`
+(metrics.json written), and `exit CODE` (the command returned; the process exits with CODE).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -22,6 +28,15 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 
 from tpu_pipeline.config import config_from_dict  # noqa: E402
+
+
+_EVENTS = threading.Lock()
+
+
+def event(out_dir: str, what: str) -> None:
+    """One line of events.log (py_function threads and the main thread write it, one line at a time)."""
+    with _EVENTS, open(os.path.join(out_dir, "events.log"), "a") as handle:
+        handle.write(what + "\n")
 
 
 def log_line(out_dir: str, step: int, part: int, ids) -> None:
@@ -69,15 +84,17 @@ def document_ids(tokens, segment_ids) -> list[int]:
 def train(config_path: str, out_dir: str, language_model: bool = False) -> None:
     """The real training job, with the model's train_step logging the ids it trains on: the targets,
     or for a language model the documents of the packed inputs' segments."""
-    from tpu_pipeline.train import runner
+    from tpu_pipeline.train import preemption, run_files, runner
 
     build_model = runner.build_model
+    eval_pause = float(os.environ.get("EVAL_STEP_SECONDS", "0"))  # room to signal during a validation
 
     def logging_model(*args, **kwargs):
         model = build_model(*args, **kwargs)
-        train_step = model.train_step
+        train_step, test_step = model.train_step, model.test_step
 
         def log(step, replica, *ids):
+            event(out_dir, f"train {int(step)}")
             ids = document_ids(*ids) if language_model else ids[0].numpy()
             log_line(out_dir, int(step), int(replica), ids)
             time.sleep(0.02)  # room for the parent to kill at a chosen step
@@ -90,13 +107,46 @@ def train(config_path: str, out_dir: str, language_model: bool = False) -> None:
             with tf.control_dependencies([done]):
                 return train_step(data)
 
-        model.train_step = step_with_log
+        def log_eval(step):
+            event(out_dir, f"eval {int(step)}")
+            time.sleep(eval_pause)
+            return 0
+
+        def test_step_with_log(data):
+            done = tf.py_function(log_eval, [model.optimizer.iterations], tf.int32)
+            with tf.control_dependencies([done]):
+                return test_step(data)
+
+        model.train_step, model.test_step = step_with_log, test_step_with_log
         return model
 
+    save_checkpoint, write_metrics = run_files.RunFiles.save_checkpoint, run_files.RunFiles.write_metrics
+    handle = preemption.PreemptionFlag._handle
+
+    def logged_save(self, step):
+        path = save_checkpoint(self, step)
+        event(out_dir, f"save {step}")
+        return path
+
+    def logged_metrics(self, metrics):
+        path = write_metrics(self, metrics)
+        event(out_dir, f"metrics {metrics['steps']}")
+        return path
+
+    def logged_handle(self, signum, frame):
+        event(out_dir, "sigterm")
+        handle(self, signum, frame)
+
+    run_files.RunFiles.save_checkpoint, run_files.RunFiles.write_metrics = logged_save, logged_metrics
+    preemption.PreemptionFlag._handle = logged_handle
     runner.build_model = logging_model
     from tpu_pipeline.cli import main
 
-    main(["tpu-pipeline", "train", "--config", config_path])
+    try:
+        main(["tpu-pipeline", "train", "--config", config_path])
+    except SystemExit as done:
+        event(out_dir, f"exit {done.code}")
+        raise
 
 
 if __name__ == "__main__":

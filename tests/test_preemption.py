@@ -176,3 +176,99 @@ def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_e
     again = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "run already complete" in again.stdout
     assert "could not be found" not in again.stdout + again.stderr
+
+
+# --- a preemption notice: save, write the metrics so far, exit; never an evaluation in between -----
+
+
+def read_events(out_dir: str) -> list[str]:
+    path = os.path.join(out_dir, "events.log")
+    return open(path).read().splitlines() if os.path.exists(path) else []
+
+
+def evaluating_config(data_dir: str, run_dir: str) -> dict:
+    """One replica, 8 steps an epoch, and a validation of 8 steps at each epoch's end."""
+    config = train_config(data_dir, run_dir)
+    config["data"]["batch_size"] = 32
+    config["eval_data"] = {**config["data"], "source": {"type": "tfrecord", "dir": data_dir, "split": "validation"},
+                           "augment": [], "batch_size": 8}
+    config["cluster"] = {"cpu_replicas": 1}
+    config["train"].update(epochs=3, checkpoint_every_steps=None, checkpoint_every_seconds=None, max_checkpoints=3)
+    return config
+
+
+def after_the_notice(events: list[str], signalled: str) -> list[str]:
+    """What the child did from the SIGTERM on: the training step in flight may finish, then nothing but
+    the save, the metrics and the exit, in that order."""
+    assert events.count("sigterm") == 1, events[-20:]
+    after = events[events.index("sigterm") + 1:]
+    assert not [e for e in after if e.startswith("eval")], f"{signalled}: an evaluation after the notice: {after}"
+    done = [e for e in after if not e.startswith("train")]
+    assert [e.split()[0] for e in done] == ["save", "metrics", "exit"], f"{signalled}: {after}"
+    assert done[2] == "exit 143" and done[0].split()[1] == done[1].split()[1], after
+    assert all(e.startswith("train") for e in after[:after.index(done[0])]), after
+    return done
+
+
+@pytest.fixture(scope="module")
+def evaluated_demo(tmp_path_factory) -> str:
+    from tpu_pipeline.records.demo_shapes import ensure_demo_dataset
+
+    return ensure_demo_dataset(str(tmp_path_factory.mktemp("evaluated")), num_train=256, num_eval=64, size=16,
+                               num_shards=4)
+
+
+def test_sigterm_mid_epoch_saves_writes_the_metrics_so_far_and_exits_without_evaluating(evaluated_demo, tmp_path):
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    config_path = str(tmp_path / "config.json")
+    json.dump(evaluating_config(evaluated_demo, run_dir), open(config_path, "w"))
+    command = [sys.executable, CHILD, "train", config_path, out_dir]
+    result = interrupt(command, out_dir, 8 + 3, signal.SIGTERM)  # into epoch 2, after epoch 1's validation
+    assert result.returncode == 143, result.stdout[-3000:]
+    events = read_events(out_dir)
+    assert any(e.startswith("eval") for e in events[:events.index("sigterm")]), "epoch 1 was not validated"
+    save, metrics_event, _ = after_the_notice(events, "mid-epoch")
+    step = int(save.split()[1])
+    stopped = [line for line in result.stdout.splitlines() if line.startswith("stopped by SIGTERM")]
+    assert stopped == [f"stopped by SIGTERM at step {step} of 24; the checkpoint is saved and the metrics so far "
+                       f"are in {run_dir}/metrics.json (no evaluation): start the same command again to resume"], \
+        result.stdout[-3000:]
+    assert not [line for line in result.stdout.splitlines() if line.startswith(f"epoch 2/3")], result.stdout[-3000:]
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["stopped_by_sigterm_at_step"] == step == metrics["steps"] and "eval_loss" not in metrics
+    assert metrics["history"]["epoch"] == [1] and len(metrics["history"]["val_loss"]) == 1
+    assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{step}.index"))
+
+
+def test_sigterm_during_a_validation_ends_it_and_the_epoch_counts_as_trained(evaluated_demo, tmp_path):
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    config_path = str(tmp_path / "config.json")
+    json.dump(evaluating_config(evaluated_demo, run_dir), open(config_path, "w"))
+    command = [sys.executable, CHILD, "train", config_path, out_dir]
+    env = {**ENV, "EVAL_STEP_SECONDS": "0.3"}  # a validation of 8 steps takes 2.4 s at least
+    child = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while child.poll() is None and not any(e.startswith("eval") for e in read_events(out_dir)):
+        assert time.monotonic() < deadline, "the child never validated"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    output, _ = child.communicate(timeout=120)
+    assert child.returncode == 143, output[-3000:]
+    events = read_events(out_dir)
+    evaluated = [e for e in events if e.startswith("eval")]
+    assert len(evaluated) < 8, f"the whole validation ran: {evaluated}"
+    save, _, _ = after_the_notice(events, "during validation")
+    assert save == "save 8", events[-20:]  # epoch 1's end: its training is done
+    assert "saved checkpoint" in output and "at step 8 (epoch 1, SIGTERM)" in output, output[-3000:]
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["stopped_by_sigterm_at_step"] == 8 and metrics["history"]["epoch"] == [1], metrics
+    assert "val_loss" not in metrics["history"], metrics["history"]  # its validation never finished
+
+    final = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    assert "step 8 (epoch 2, step 0 of 8)" in final.stdout, final.stdout[-3000:]
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert "stopped_by_sigterm_at_step" not in metrics and metrics["steps"] == 24 and "eval_loss" in metrics
+    assert metrics["history"]["epoch"] == [1, 2, 3] and len(metrics["history"]["val_loss"]) == 2, metrics["history"]

@@ -170,10 +170,26 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         return self.clock.wait / self.clock.seconds if self.clock.seconds else None
 
 
+class PreemptionStop(Exception):
+    """Raised by the Checkpointer out of `fit` once the SIGTERM checkpoint is saved: nothing of `fit`
+    runs after it (no validation at the epoch's end, no epoch-end callbacks), so the process exits
+    within the seconds a preemption notice leaves. `train` catches it, writes the metrics so far and
+    exits 143. Not an error a user sees."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"stopped by SIGTERM at step {step}")
+        self.step = step
+
+
 class Checkpointer(tf_keras.callbacks.Callback):
     """Saves model + optimizer (+ its step counter, which is the input position) + the epoch history
     through RunFiles: at each epoch end, every `every_steps` steps or `every_seconds` seconds, and
-    at the step `preemption.stop_now` names after a SIGTERM, after which it stops training.
+    at the step `preemption.stop_now` names after a SIGTERM, after which it raises PreemptionStop out
+    of `fit`: Keras would otherwise still validate at the end of the epoch it stops in.
+
+    A SIGTERM that arrives during an epoch-end validation (one process) ends that validation at its
+    next batch: the epoch's training is done, so it is saved as finished, without validation figures.
+    With several workers the stop waits for the next training step, which every worker agrees on.
 
     The history of finished epochs lives in the checkpoint itself (a string variable), so that
     metrics.json after any number of resumes lists every epoch, and never one the checkpoint has not.
@@ -195,6 +211,7 @@ class Checkpointer(tf_keras.callbacks.Callback):
         self.preempted_at: Optional[int] = None
         self._last_step = -1
         self._last_time = time.monotonic()
+        self._train_logs: dict[str, Any] = {}  # the last training step's logs: an epoch's figures at its end
 
     def _step(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
@@ -215,14 +232,11 @@ class Checkpointer(tf_keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         self._last_batch_end = time.perf_counter()  # an epoch's rate ends here, before its validation
+        self._train_logs = dict(logs or {})
         step = self._step()
         epoch_end = step % self.steps_per_epoch == 0  # on_epoch_end saves it, with the epoch's history
         if self.preemption is not None and self.preemption.stop_now(step):
-            self.preempted_at = step
-            self.model.stop_training = True
-            if not epoch_end:
-                self.save("SIGTERM")
-            return
+            self._stop(step)
         if epoch_end:
             return
         if self.every_steps and step - self._last_step >= self.every_steps:
@@ -230,11 +244,34 @@ class Checkpointer(tf_keras.callbacks.Callback):
         elif self.every_seconds and time.monotonic() - self._last_time >= self.every_seconds:
             self.save(f"every {self.every_seconds:g} s")
 
+    def on_test_begin(self, logs: Optional[dict] = None) -> None:
+        self._stop_validation()
+
+    def on_test_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        self._stop_validation()
+
+    def _stop_validation(self) -> None:
+        """A SIGTERM during fit's validation (at an epoch's end) stops it there, on one process. With several
+        workers every one must stop at the same training step (`StopAgreement`), so they go on to it."""
+        if self.preemption is not None and self.preemption.agreement is None and self.preemption.requested:
+            self._stop(self._step())
+
+    def _stop(self, step: int) -> None:
+        """Saves the SIGTERM checkpoint at `step` and leaves `fit` at once (PreemptionStop). At an epoch's
+        end the epoch is finished: its training figures go into the history, its validation never runs."""
+        self.preempted_at = step
+        self.model.stop_training = True
+        if step % self.steps_per_epoch == 0 and step // self.steps_per_epoch > int(self.state.epoch.numpy()):
+            epoch = step // self.steps_per_epoch
+            self.state.finish_epoch(epoch - 1, self._train_logs)
+            self.save(f"epoch {epoch}, SIGTERM")
+        else:
+            self.save("SIGTERM")
+        raise PreemptionStop(step)
+
     def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
-        if self.preempted_at is not None and self.preempted_at % self.steps_per_epoch:
-            return  # an epoch cut short by SIGTERM is not finished: its logs cover part of it
         self.state.finish_epoch(epoch, logs or {})
-        self.save(f"epoch {epoch + 1}" + (", SIGTERM" if self.preempted_at is not None else ""))
+        self.save(f"epoch {epoch + 1}")
 
 
 class TrainState:

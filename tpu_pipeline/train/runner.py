@@ -33,7 +33,7 @@ from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.pipeline.record_check import config_vocabulary, tf_message
 from tpu_pipeline.pipeline.source_meter import shares_line, with_source_meter
 from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
-from tpu_pipeline.train.callbacks import ProgressLogger, TrainState
+from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, TrainState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
@@ -47,6 +47,8 @@ _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.InternalError, tf.errors.A
 _RUN_KEYS = itertools.count()  # names this process's train() calls alike on every worker
 
 Printer = Callable[[str], None]
+# metrics.json of a run stopped by SIGTERM: the step it stopped at (the metrics so far; no evaluation yet).
+PREEMPTED_KEY = "stopped_by_sigterm_at_step"
 
 
 def _print(line: str) -> None:
@@ -185,7 +187,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         restored = checkpoint.restore(latest)
         resumed_from = int(model.optimizer.iterations.numpy())
         finished = read_metrics(run_dir) if resumed_from >= total_steps else None
-        if finished is not None:
+        if finished is not None and PREEMPTED_KEY not in finished:  # a SIGTERM's metrics lack the evaluation
             # Nothing to train: the optimizer's slots are never built, so their saved values stay
             # unmatched on purpose (without this, TF warns once per slot at exit).
             restored.expect_partial()
@@ -239,6 +241,12 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                     validation_data=eval_dataset, validation_steps=validation_steps,
                     validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
                 )
+            except PreemptionStop:
+                # Saved; `fit` was left before its epoch-end validation and callbacks. TensorBoard's
+                # writers are closed as `fit` would have (their last events flushed).
+                for callback in callbacks:
+                    callback.on_train_end()
+                break
             except _DATA_ERRORS as error:
                 raise _explained(config, error) from None
             except _PEER_ERRORS as error:
@@ -250,12 +258,6 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                 ) from None
             step = int(model.optimizer.iterations.numpy())
         train_seconds = time.perf_counter() - started
-    if checkpointer.preempted_at is not None:
-        printer(f"stopped by SIGTERM at step {checkpointer.preempted_at} of {total_steps}; the checkpoint is saved: "
-                "start the same command again to resume")
-        sys.stdout.flush()
-        raise Preempted()
-
     history = state.history()
     metrics: dict[str, Any] = {
         "steps": int(model.optimizer.iterations.numpy()),
@@ -279,11 +281,22 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     }
     if by_source is not None:  # a mixture: what the batches held of each source, beside its weight
         metrics["mixture"] = mixture_figures(train_data.mixture, *by_source.totals(), counted_from_step=resumed_from)
-        printer("trained on " + shares_line(train_data.mixture, *by_source.totals())
-                + f" (from step {resumed_from}; all counts: 'mixture' in {metrics_path(run_dir)})")
     skipped = {p.skipped.section: p.skipped.as_dict() for p in (train_pipeline, eval_pipeline) if p and p.skipped}
     if skipped:
         metrics["skipped"] = skipped  # data.on_error=skip: records left out, by kind and file
+    if checkpointer.preempted_at is not None:
+        # A preemption notice leaves seconds: the metrics so far (no evaluation), then exit 143.
+        metrics[PREEMPTED_KEY] = checkpointer.preempted_at
+        files.write_metrics(metrics)
+        printer(f"stopped by SIGTERM at step {checkpointer.preempted_at} of {total_steps}; the checkpoint is saved "
+                f"and the metrics so far are in {metrics_path(run_dir)} (no evaluation): start the same command "
+                "again to resume")
+        sys.stdout.flush()
+        raise Preempted()
+    if by_source is not None:
+        printer("trained on " + shares_line(train_data.mixture, *by_source.totals())
+                + f" (from step {resumed_from}; all counts: 'mixture' in {metrics_path(run_dir)})")
+    if skipped:
         printer("data.on_error=skip left out " + ", ".join(
             f"{part['skipped']:,} of {part['records']:,} records in {section}" for section, part in skipped.items()
         ) + f" (by kind and file: 'skipped' in {metrics_path(run_dir)})")
