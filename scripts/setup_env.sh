@@ -115,7 +115,8 @@ EOF
 # TPU device, TensorFlow starts without libtpu (which would retry the GCE metadata server for minutes).
 # A .pth line runs at interpreter start-up; a TPU VM (a device file present) is left as it is.
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo "import os, glob; os.environ.setdefault('TPU_LOAD_LIBRARY', '0') if not (glob.glob('/dev/accel*') or [p for p in glob.glob('/dev/vfio/*') if os.path.basename(p).isdigit()]) else None" \
+# It names itself as tensorflow_install does (TPU_PIPELINE_LIBTPU_HELD_BACK), so the package decides again.
+echo "import os, glob; os.environ.update(TPU_LOAD_LIBRARY='0', TPU_PIPELINE_LIBTPU_HELD_BACK='this machine has no TPU device (/dev/accel*, /dev/vfio/N)') if 'TPU_LOAD_LIBRARY' not in os.environ and not (glob.glob('/dev/accel*') or [p for p in glob.glob('/dev/vfio/*') if os.path.basename(p).isdigit()]) else None" \
   > "$SITE/tpu_pipeline_no_tpu_no_libtpu.pth"
 rm -f "$VENV"/.installed-*
 touch "$STAMP"

@@ -70,7 +70,8 @@ def test_devices_says_what_the_resolver_found(tmp_path, demo_cache):
     result = cli("devices", "cluster.cpu_replicas=2", cwd=str(tmp_path), cache_dir=demo_cache)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    assert lines[:4] == ["kind: cpu", "replicas: 2 on 1 host(s)", "strategy: MirroredStrategy",
+    assert lines[0].startswith("tensorflow: ") and lines[1].startswith("libtpu: ")  # the build, then libtpu
+    assert lines[2:6] == ["kind: cpu", "replicas: 2 on 1 host(s)", "strategy: MirroredStrategy",
                          "found from: cluster.cpu_replicas"]
     assert sum(line.strip().endswith(("device:CPU:0", "device:CPU:1")) for line in lines) == 2
 

@@ -49,6 +49,27 @@ class TrainConfig(StrictModel):
         None, description="[first, last] training step to trace with the TensorFlow profiler"
     )
     seed: Optional[int] = pydantic.Field(None, description="seeds TF's global random state (model init)")
+    allow_changes: list[str] = pydantic.Field(
+        [], description="keys that may differ from what the checkpoint in run_dir was trained with (e.g. "
+        "[data.source.dir, data.source.split] to fine-tune on other data), or sections of them (data, model); "
+        "unlisted, a resume with another data source, sequence shape, global batch, model or task is refused"
+    )
+
+    @pydantic.field_validator("allow_changes")
+    @classmethod
+    def _check_allow_changes(cls, value: list[str]) -> list[str]:
+        from tpu_pipeline.config.identity import IDENTITY_KEYS, check_allowed_names
+        from tpu_pipeline.errors import ConfigError
+
+        unknown = check_allowed_names(value)
+        if unknown is not None:
+            sections = sorted({key.rsplit(".", 1)[0] for key in IDENTITY_KEYS if key.count(".") > 1})
+            raise ConfigError(
+                f"train.allow_changes: {unknown!r} is not a key a resume compares; name the keys its refusal names, "
+                f"or a section of them: data, model, train, {', '.join(sections)}, data.batch_size, train.task, "
+                "train.num_classes"
+            )
+        return value
 
     @pydantic.model_validator(mode="after")
     def _check_profile(self) -> "TrainConfig":

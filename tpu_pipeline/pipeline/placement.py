@@ -7,11 +7,14 @@ by encoding the row index into the minimized key, never by argmin's order.
 """
 from __future__ import annotations
 
+import functools
+import logging
 import math
 
 import tensorflow as tf
 
 _INT64_MAX = (1 << 63) - 1
+log = logging.getLogger(__name__)
 
 
 def size_weights(limits: list[int]) -> list[int]:
@@ -77,6 +80,24 @@ _place_jit = tf.function(_place_loop, jit_compile=True, reduce_retracing=True)
 _place_graph = tf.function(_place_loop, reduce_retracing=True)
 
 
+@functools.lru_cache(maxsize=None)
+def xla_on_cpu() -> bool:
+    """Whether this TensorFlow can compile for the host CPU with XLA (asked once a process).
+
+    The TPU build (tensorflow-tpu 2.19) links no XLA CPU backend: a `jit_compile` function on the CPU
+    raises "could not find registered transfer manager for platform Host". There the placement loop
+    runs on TF's executor instead: the same rows, slower (benchmarks/bench_packing.py measures both).
+    """
+    with tf.init_scope(), tf.device("/CPU:0"):
+        try:
+            tf.function(lambda x: x + 1, jit_compile=True)(tf.constant(0))
+            return True
+        except (tf.errors.NotFoundError, tf.errors.UnimplementedError, tf.errors.InvalidArgumentError) as error:
+            log.info("packing: no XLA for the CPU in this TensorFlow (%s); the placement loop runs on TF's executor",
+                     str(error).splitlines()[0][:120])
+            return False
+
+
 def _power_of_two(count: tf.Tensor) -> tf.Tensor:
     """The smallest power of two >= max(count, 16): few distinct shapes for XLA to compile."""
     x = tf.maximum(count, 16) - 1
@@ -101,13 +122,15 @@ def _row_bound(sizes: tf.Tensor, limits: tf.Tensor) -> tf.Tensor:
 def place(sizes: tf.Tensor, limits: tf.Tensor, weights: tf.Tensor, best_fit: bool, jit: bool) -> tf.Tensor:
     """Row of each item of `sizes` [N, K] (placement order)."""
     count = tf.shape(sizes)[0]
-    if jit:
+    if jit and xla_on_cpu():
         padded = tf.pad(sizes, [[0, _power_of_two(count) - count], [0, 0]])
         room = tf.tile(limits[None, :], [_power_of_two(_row_bound(sizes, limits)), 1])
         rows, fitted = _place_jit(padded, count, room, weights, best_fit)
     else:
-        room = tf.tile(limits[None, :], [_row_bound(sizes, limits), 1])
-        rows, fitted = _place_graph(sizes, count, room, weights, best_fit)
+        # One spare item and row: an empty window would give the scatters an empty input, which their
+        # shape inference refuses even though the loop never runs.
+        room = tf.tile(limits[None, :], [_row_bound(sizes, limits) + 1, 1])
+        rows, fitted = _place_graph(tf.pad(sizes, [[0, 1], [0, 0]]), count, room, weights, best_fit)
     check = tf.debugging.Assert(fitted, ["packing: an item found no row within the row bound (a bug in packing.py)"])
     with tf.control_dependencies([check]):
         return tf.identity(rows[:count])

@@ -9,6 +9,7 @@ yet delivered, and later epochs are what they would have been.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 import time
@@ -39,6 +40,7 @@ from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
+from tpu_pipeline.train import started_with
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition
 
 # What a collective raises when a peer worker died or hung up.
@@ -123,6 +125,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         tf_keras.utils.set_random_seed(config.train.seed)
     run_dir = config.train.run_dir
     tf.io.gfile.makedirs(run_dir)
+    # Before any work: a run directory resumes only the data, model and task it was started with.
+    for line in started_with.check_resume(config, tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
+        printer(line)
     run_key = f"run{next(_RUN_KEYS)}"
     store = CoordinationService() if cluster.num_workers > 1 else None
 
@@ -174,7 +179,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
 
     model = _model_for(config, cluster, train_pipeline, input_shape, steps, model_fn)
     state = TrainState(task_named(config.train.task))
+    started_with_now = started_with.variable(config)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json,
+                                     **{started_with.STARTED_WITH_KEY: started_with_now},
                                      **({POSITION_KEY: position} if position is not None else {}))
     files = RunFiles(run_dir, cluster, checkpoint, config.train.max_checkpoints)
     latest = files.latest_checkpoint
@@ -184,15 +191,25 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     if latest:
         if position is not None:
             position.check_saved(latest)
-        restored = checkpoint.restore(latest)
+        try:
+            restored = checkpoint.restore(latest)
+        except (ValueError, tf.errors.InvalidArgumentError) as error:  # a weight of another shape
+            raise ConfigError(
+                f"train.run_dir={run_dir}: {latest} does not fit this config's model ({tf_message(error, limit=200)}); "
+                "a change train.allow_changes accepts must keep the weights' shapes: start a new train.run_dir"
+            ) from None
+        started_with_now.assign(json.dumps(started_with.record(config)))  # an accepted change is what goes on
         resumed_from = int(model.optimizer.iterations.numpy())
         finished = read_metrics(run_dir) if resumed_from >= total_steps else None
         if finished is not None and PREEMPTED_KEY not in finished:  # a SIGTERM's metrics lack the evaluation
             # Nothing to train: the optimizer's slots are never built, so their saved values stay
             # unmatched on purpose (without this, TF warns once per slot at exit).
             restored.expect_partial()
-            printer(f"run already complete: {int(state.epoch.numpy())} of {epochs} epoch(s), step {resumed_from} "
-                    f"({latest}); nothing changed. Its metrics: {metrics_path(run_dir)}")
+            done = int(state.epoch.numpy())
+            past = (f", past {epochs} epoch(s) of {steps} steps of this data" if done < epochs else "")
+            printer(f"run already complete: {done} of {epochs} epoch(s), step {resumed_from}{past} "
+                    f"({latest}); nothing changed. Its metrics: {metrics_path(run_dir)}. To train on, run it again "
+                    f"with train.epochs={resumed_from // steps + 1} or more")
             return finished
         epoch_now, into = divmod(resumed_from, steps)
         if position is not None:

@@ -1,0 +1,175 @@
+"""A run directory knows what it was started with: a resume on other data, another sequence shape,
+global batch, model or task is refused in one line naming the keys and the two ways on; free
+settings (more epochs, logging, a mixture's weights) pass; `train.allow_changes` continues a run with a
+change, which then sticks. The `train` runs are real `tpu-pipeline train` child processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tpu_pipeline.config import config_from_dict, load_config
+from tpu_pipeline.config.identity import differences, run_identity
+from tpu_pipeline.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_CONFIG = os.path.join(REPO, "configs", "demo.yaml")
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+# --- which keys are compared (no TensorFlow) -----------------------------------------------------
+
+
+def demo(*overrides: str):
+    return load_config(DEMO_CONFIG, ["data.source.dir=/data/shapes", "eval_data.source.dir=/data/shapes", *overrides])
+
+
+def changed(a, b) -> list[str]:
+    return [key for key, _, _ in differences(run_identity(a), run_identity(b))]
+
+
+def test_data_sequence_batch_model_and_task_are_compared_and_the_rest_is_free():
+    base = demo()
+    assert changed(base, demo("data.source.split=validation")) == ["data.source.split"]
+    assert changed(base, demo("data.source.dir=/data/other")) == ["data.source.dir"]
+    assert changed(base, demo("data.batch_size=64")) == ["data.batch_size"]
+    assert changed(base, demo("model.cnn.filters=[8, 16]")) == ["model.cnn.filters"]
+    assert changed(base, demo("model.optimizer.name=sgd")) == ["model.optimizer.name"]
+    assert changed(base, demo("model.architecture=mlp")) == [
+        "model.architecture", "model.cnn.filters", "model.mlp.hidden_units"]
+    assert changed(base, demo("train.num_classes=5")) == ["train.num_classes"]
+    free = ["train.epochs=30", "train.log_every_steps=1", "train.checkpoint_every_steps=5", "train.steps_per_epoch=3",
+            "train.tensorboard=false", "model.schedule.learning_rate=0.5", "model.cnn.dropout=0.2",
+            "model.precision=float32", "cluster.cpu_replicas=8", "eval_data.source.split=train", "data.seed=3",
+            "data.shuffle.buffer_size=7", "data.num_parallel_calls=2", "eval_data.batch_size=8"]
+    assert changed(base, demo(*free)) == []
+    # The split a converted dir reads by default is `train`: saying it changes nothing.
+    assert changed(base, demo("data.source.split=train")) == []
+    # A relative path names the same files as the absolute one it stands for.
+    here = load_config(DEMO_CONFIG, ["data.source.dir=data/shapes"])
+    there = load_config(DEMO_CONFIG, [f"data.source.dir={os.path.abspath('data/shapes')}"])
+    assert changed(here, there) == []
+
+
+def sequences(**sequence) -> object:
+    return config_from_dict({
+        "data": {"source": {"type": "tfrecord", "dir": "/data/text"}, "batch_size": 8,
+                 "sequence": {"keys": ["inputs", "targets"], "length": 128, **sequence}},
+        "model": {"architecture": "transformer"}, "train": {"task": "language_model"},
+    })
+
+
+def test_the_sequence_shape_is_compared_and_its_packing_knobs_are_not():
+    base = sequences()
+    assert changed(base, sequences(length=256)) == ["data.sequence.length"]
+    assert changed(base, sequences(mode="pad")) == ["data.sequence.mode"]
+    assert changed(base, sequences(window=64, algorithm="best_fit_decreasing")) == []
+
+
+def mixture(**weights: float):
+    sources = [{"name": name, "weight": weights.get(name, 1.0), "source": {"dir": f"/data/{name}"}}
+               for name in ("web", "code")]
+    return config_from_dict({"data": {"mixture": {"sources": sources}, "features": {"tokens": {"dtype": "int64"}},
+                                      "batch_size": 8, "repeat": "forever"}})
+
+
+def test_a_mixtures_weights_are_free_and_its_sources_are_not():
+    assert changed(mixture(), mixture(web=0.1, code=3.0)) == []
+    moved = mixture()
+    moved.data.mixture.sources[1].source.dir = "/data/code2"
+    assert changed(mixture(), moved) == ["data.mixture.sources"]
+    assert {"data.mixture.sources", "data.source.type", "data.source.dir"} <= set(changed(mixture(), demo()))
+
+
+def test_allow_changes_takes_compared_keys_or_their_sections_only():
+    assert demo("train.allow_changes=[data, model.cnn.filters]").train.allow_changes == ["data", "model.cnn.filters"]
+    with pytest.raises(ConfigError, match=r"train.allow_changes: 'data.seed' is not a key a resume compares; .*data.source"):
+        demo("train.allow_changes=[data.seed]")
+
+
+# --- real runs ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> str:
+    from tpu_pipeline.records import ensure_demo_dataset
+
+    return ensure_demo_dataset(str(tmp_path_factory.mktemp("shapes")), num_train=256, num_eval=64, size=16, num_shards=4)
+
+
+def train(data_dir: str, run_dir: str, *extra: str) -> subprocess.CompletedProcess:
+    args = [f"data.source.dir={data_dir}", f"eval_data.source.dir={data_dir}", "data.preprocess.1.size=16",
+            "eval_data.preprocess.1.size=16", "data.batch_size=32", "eval_data.batch_size=32",
+            "train.steps_per_epoch=2", "train.tensorboard=false", "model.cnn.filters=[8]",
+            f"train.run_dir={run_dir}", *extra]
+    return subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "train", "--config", DEMO_CONFIG, *args],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def on_disk(run_dir: str) -> dict[str, float]:
+    return {name: os.path.getmtime(os.path.join(run_dir, "checkpoints", name))
+            for name in os.listdir(os.path.join(run_dir, "checkpoints"))} | {
+        "metrics.json": os.path.getmtime(os.path.join(run_dir, "metrics.json"))}
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_a_run_resumes_only_what_it_was_started_with(shapes, tmp_path):
+    run_dir = str(tmp_path / "run")
+    ok(train(shapes, run_dir, "train.epochs=2"))
+    before = on_disk(run_dir)
+
+    # The issue's case: the validation split and one more epoch. Refused in one line, nothing touched.
+    other = train(shapes, run_dir, "data.source.split=validation", "train.epochs=3")
+    assert other.returncode == 2, other.stdout[-3000:] + other.stderr[-3000:]
+    errors = [line for line in other.stderr.splitlines() if line.startswith("tpu-pipeline train: error:")]
+    assert errors == [
+        f"tpu-pipeline train: error: train.run_dir={run_dir} holds a run started with other settings: "
+        f"data.source.split 'train' -> 'validation' (checkpoint {run_dir}/checkpoints/ckpt-4); start a new run with "
+        "another train.run_dir, or continue this one with the change, e.g. to fine-tune, with "
+        "train.allow_changes=[data.source.split]"], other.stderr[-3000:]
+    assert "Traceback" not in other.stderr and not any(line.startswith(("training ", "step ")) for line in other.stdout.splitlines())
+    # Another model and another global batch: each key named.
+    model = train(shapes, run_dir, "model.cnn.filters=[16]", "data.batch_size=64", "train.epochs=3")
+    assert model.returncode == 2 and "settings: data.batch_size 32 -> 64, model.cnn.filters [8] -> [16] (checkpoint" \
+        in model.stderr and "train.allow_changes=[data.batch_size,model.cnn.filters]" in model.stderr, model.stderr[-3000:]
+    # Accepted, a model whose weights no longer fit the checkpoint is still refused in one line.
+    reshaped = train(shapes, run_dir, "model.cnn.filters=[16]", "train.epochs=3", "train.allow_changes=[model]")
+    assert reshaped.returncode == 2 and (f"tpu-pipeline train: error: train.run_dir={run_dir}: {run_dir}/checkpoints/"
+                                         "ckpt-4 does not fit this config's model (Received incompatible tensor"
+                                         in reshaped.stderr), reshaped.stderr[-3000:]
+    assert "Traceback" not in reshaped.stderr
+    assert on_disk(run_dir) == before
+
+    # The same data, the same epochs: complete, and the line says what to type to train on.
+    again = ok(train(shapes, run_dir, "train.epochs=2", "train.log_every_steps=1"))
+    assert (f"run already complete: 2 of 2 epoch(s), step 4 ({run_dir}/checkpoints/ckpt-4); nothing changed. Its metrics: "
+            f"{run_dir}/metrics.json. To train on, run it again with train.epochs=3 or more") in again, again[-3000:]
+    assert on_disk(run_dir) == before
+
+    # More epochs run, and say what the schedule does.
+    more = ok(train(shapes, run_dir, "train.epochs=3"))
+    assert "train.epochs=3 (the run was started with 2): the cosine learning-rate schedule is laid out over 3" in more
+    assert f"resumed from {run_dir}/checkpoints/ckpt-4: step 4 (epoch 3, step 0 of 2)" in more, more[-3000:]
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["steps"] == 6 and metrics["history"]["epoch"] == [1, 2, 3], metrics
+
+    # Fine-tuning on the validation split, accepted by name: it trains, and says so.
+    tuned = ok(train(shapes, run_dir, "data.source.split=validation", "train.epochs=4",
+                     "train.allow_changes=[data.source.split]"))
+    assert (f"train.allow_changes: {run_dir} goes on from ckpt-6 with data.source.split 'train' -> 'validation'"
+            in tuned), tuned[-3000:]
+    assert json.load(open(os.path.join(run_dir, "metrics.json")))["steps"] == 8
+    # The accepted change is what the run is now: the validation split resumes without the override,
+    # and the training split is the change.
+    assert "run already complete: 4 of 4 epoch(s)" in ok(train(shapes, run_dir, "data.source.split=validation",
+                                                               "train.epochs=4"))
+    back = train(shapes, run_dir, "train.epochs=5")
+    assert back.returncode == 2 and "data.source.split 'validation' -> 'train'" in back.stderr, back.stderr[-3000:]

@@ -1,0 +1,72 @@
+"""What a run directory was started with: kept in every checkpoint, compared when the run resumes.
+
+The keys (`config.identity`) are the training data, the sequence shape, the global batch, the model
+and the task. A resume whose config differs in one of them would go on training that checkpoint on
+something else without a word; it is refused in one line naming the keys that differ and the two
+ways on: a new `train.run_dir`, or `train.allow_changes=[...]` to continue with the change (fine-tuning
+on other data). An accepted change is saved with the next checkpoint, so the run is from then on
+what it was continued with. Checkpoints written before this record existed are not compared.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.config import Config
+from tpu_pipeline.config.identity import accepts, differences, run_identity, show
+from tpu_pipeline.errors import ConfigError
+
+STARTED_WITH_KEY = "started_with"  # the checkpoint's string variable: the record below, as JSON
+
+
+def record(config: Config) -> dict[str, Any]:
+    """What a checkpoint of this config keeps: the compared keys, and train.epochs (free: a resume with more trains them)."""
+    return {"identity": run_identity(config), "epochs": config.train.epochs}
+
+
+def variable(config: Config) -> tf.Variable:
+    """The checkpoint's record of this config (assign it again after a restore: an accepted change then sticks)."""
+    return tf.Variable(json.dumps(record(config)), dtype=tf.string, trainable=False, name=STARTED_WITH_KEY)
+
+
+def saved_record(path: str) -> Optional[dict[str, Any]]:
+    """The record in checkpoint `path`; None for a checkpoint written before records were kept."""
+    reader = tf.train.load_checkpoint(path)
+    key = f"{STARTED_WITH_KEY}/.ATTRIBUTES/VARIABLE_VALUE"
+    if not reader.has_tensor(key):
+        return None
+    value = reader.get_tensor(key)
+    return json.loads(value.decode() if isinstance(value, bytes) else str(value))
+
+
+def check_resume(config: Config, latest: Optional[str]) -> list[str]:
+    """Refuses (ConfigError) a resume of `latest` whose compared keys differ from this config's and are not
+    in train.allow_changes; returns the lines to print about what differs and is accepted."""
+    if latest is None:
+        return []
+    saved = saved_record(latest)
+    if saved is None:
+        return []
+    changed = differences(saved["identity"], run_identity(config))
+    allowed = config.train.allow_changes
+    refused = [change for change in changed if not accepts(allowed, change[0])]
+    said = lambda changes: ", ".join(f"{key} {show(old)} -> {show(new)}" for key, old, new in changes)  # noqa: E731
+    run_dir = config.train.run_dir
+    if refused:
+        keys = ",".join(key for key, _, _ in refused)
+        raise ConfigError(
+            f"train.run_dir={run_dir} holds a run started with other settings: {said(refused)} "
+            f"(checkpoint {latest}); start a new run with another train.run_dir, or continue this one with the "
+            f"change, e.g. to fine-tune, with train.allow_changes=[{keys}]"
+        )
+    lines = []
+    if changed:
+        lines.append(f"train.allow_changes: {run_dir} goes on from {os.path.basename(latest)} with {said(changed)}")
+    if saved.get("epochs") is not None and config.train.epochs > saved["epochs"] and config.model.schedule.name == "cosine":
+        lines.append(f"train.epochs={config.train.epochs} (the run was started with {saved['epochs']}): the cosine "
+                     f"learning-rate schedule is laid out over {config.train.epochs} epoch(s), so it goes on at its "
+                     "value for the resumed step on that curve")
+    return lines
