@@ -183,7 +183,10 @@ class _CountedRows:
     once (remembered per context): what `PadToSteps` needs to pad every pipeline to the same steps."""
 
     def __init__(self, pipeline: EvaluatedPipeline) -> None:
-        self._pipeline = pipeline
+        # The counting pass is unpadded (its last batch partial) and never reaches a device: no TPU check
+        # there, or exact evaluation of packed rows or a mixture with target="tpu" fails before its first step.
+        checked = getattr(pipeline, "check_tpu", False)
+        self._pipeline = dataclasses.replace(pipeline, check_tpu=False) if checked else pipeline
         self._counts: dict[tuple[int, int, int, str], int] = {}
 
     def __call__(self, context: tf.distribute.InputContext, count: str = "rows") -> int:
