@@ -482,18 +482,21 @@ def test_real_backend_reports_this_process_stack_through_the_same_check():
     assert f"installed: {install_lib.installed().describe()}" in message and "Fix: " in message
 
 
-def test_devices_with_tpu_name_local_on_this_cpu_is_one_line_and_the_fix():
-    """The user's view: `TPU_NAME=local tpu-pipeline devices` here, in whichever venv runs the suite."""
-    env = dict(os.environ, TPU_NAME="local", PYTHONPATH=REPO)
+@pytest.mark.parametrize("command", ["devices", "doctor", "train"])
+def test_tpu_name_local_on_this_cpu_is_one_line_and_the_fix(command, tmp_path):
+    """The user's view: `TPU_NAME=local tpu-pipeline devices|doctor|train` here, in whichever venv runs the suite:
+    one line before anything runs (train and doctor write no demo data and measure nothing first)."""
+    env = dict(os.environ, TPU_NAME="local", PYTHONPATH=REPO, TPU_PIPELINE_CACHE=str(tmp_path / "cache"))
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # a user's shell: the CLI silences TensorFlow's start-up lines itself
-    result = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "devices"], capture_output=True, text=True,
-                            env=env, timeout=120, cwd=REPO)
+    result = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", command, f"train.run_dir={tmp_path / 'run'}"],
+                            capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("tpu-pipeline devices: error: TPU_NAME=local asks for the TPU of this machine, but this "
-                               "machine has no TPU")
+    assert lines[0].startswith(f"tpu-pipeline {command}: error: TPU_NAME=local asks for the TPU of this machine, but "
+                               "this machine has no TPU")
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
     assert "Fix: unset TPU_NAME" in lines[0]
 
 

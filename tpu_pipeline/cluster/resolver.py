@@ -99,6 +99,22 @@ def resolve(
     return _cpu(config)
 
 
+def check_tpu_stack(config: ClusterConfig | None = None, *, env: Mapping[str, str] = os.environ,
+                    tpu_backend: tpu_lib.TpuBackend | None = None) -> None:
+    """The resolver's dead-end check alone, without building a strategy: a ClusterError (one line) when a TPU
+    of this machine is meant but this process cannot drive it. For commands that measure before they resolve
+    (`doctor`), so the dead end is named before anything runs."""
+    config = config or ClusterConfig()
+    if config.accelerator not in ("auto", "tpu"):
+        return
+    backend = tpu_backend or tpu_lib.DEFAULT_BACKEND
+    device = backend.local_tpu_evidence() if config.tpu in (None, tpu_stack.LOCAL) else None
+    local = tpu_stack.local_tpu(config, env, device)
+    dead_end = tpu_stack.dead_end(local, backend.tensorflow_stack()) if local else None
+    if dead_end:
+        raise ClusterError(dead_end)
+
+
 def _resolve_tpu(config: ClusterConfig, env: Mapping[str, str], backend: tpu_lib.TpuBackend) -> ClusterInfo | None:
     """A TPU's ClusterInfo; None when auto mode found none; a ClusterError when one was required, or when a
     TPU of this machine is meant (named 'local' or attached) but this process cannot drive it or none

@@ -17,12 +17,19 @@ flags.DEFINE_integer("workers", 0, "threads that work at once: convert's readers
 FLAGS = flags.FLAGS
 
 
-def load_raw(overrides: Sequence[str]) -> tuple[dict[str, Any], Config]:
+def load_raw(overrides: Sequence[str], check_accelerator: bool = False) -> tuple[dict[str, Any], Config]:
     """(the plain mapping, the validated Config): --config FILE(s), layered, then --params_override, then
     key=value overrides; without --config, the demo config on the demo data.
 
-    The ops of `data` and `eval_data` are checked too (names and arguments), before any work starts.
+    The ops of `data` and `eval_data` are checked too (names and arguments), before any work starts; with
+    `check_accelerator` (train, doctor), so is a TPU of this machine that this TensorFlow cannot drive.
     """
+    if check_accelerator:  # before the demo data is written: its cluster section is the config's and overrides'
+        base = read_layered([FLAGS.config] if isinstance(FLAGS.config, str) else list(FLAGS.config)) \
+            if FLAGS.config else read_yaml(DEMO_CONFIG)
+        if FLAGS.params_override:
+            base = merge(base, params_override(FLAGS.params_override))
+        _check_accelerator(apply_overrides(base, overrides))
     if FLAGS.config:
         paths = [FLAGS.config] if isinstance(FLAGS.config, str) else list(FLAGS.config)  # one path set from Python
         raw = read_layered(paths)
@@ -39,6 +46,21 @@ def load_raw(overrides: Sequence[str]) -> tuple[dict[str, Any], Config]:
     return raw, config
 
 
-def load(overrides: Sequence[str]) -> Config:
+def load(overrides: Sequence[str], check_accelerator: bool = False) -> Config:
     """--config FILE + overrides; without --config, the built-in demo config on the demo data."""
-    return load_raw(overrides)[1]
+    return load_raw(overrides, check_accelerator)[1]
+
+
+def _check_accelerator(raw: dict[str, Any]) -> None:
+    """The resolver's dead end (a TPU here this TensorFlow cannot drive) before the demo data is written or a
+    pipeline measured. A malformed `cluster` section is left to the config's own one-line error."""
+    from pydantic import ValidationError
+
+    from tpu_pipeline.cluster.resolver import check_tpu_stack
+    from tpu_pipeline.config.cluster import ClusterConfig
+
+    try:
+        cluster = ClusterConfig.model_validate(raw.get("cluster") or {})
+    except ValidationError:
+        return
+    check_tpu_stack(cluster)

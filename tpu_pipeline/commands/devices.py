@@ -16,7 +16,7 @@ def run(overrides: Sequence[str]) -> int:
     from tpu_pipeline.cluster import current_stack, resolve
     from tpu_pipeline.tensorflow_install import libtpu_line
 
-    cluster = resolve(load(overrides).cluster)
+    cluster = resolve(load(overrides, check_accelerator=True).cluster)
     stack = current_stack()
     print(f"tensorflow: {stack.describe()}")
     print(libtpu_line(stack.build, stack.install))

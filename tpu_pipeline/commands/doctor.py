@@ -39,7 +39,7 @@ def run(overrides: Sequence[str]) -> int:
     from tpu_pipeline.bench.doctor import diagnose, service_advice
     from tpu_pipeline.train.run_files import metrics_path, read_metrics
 
-    raw, config = load_raw(overrides)
+    raw, config = load_raw(overrides, check_accelerator=True)  # a TPU this TF cannot drive: one line, first
     data = getattr(config, FLAGS.section)
     if data is None:
         raise ConfigError(f"the config has no '{FLAGS.section}' section to diagnose")

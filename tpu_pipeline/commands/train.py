@@ -17,7 +17,7 @@ def run(overrides: Sequence[str]) -> int:
     global _run_dir
     from tpu_pipeline.train import train  # after flags are parsed: imports Keras
 
-    config = load(overrides)
+    config = load(overrides, check_accelerator=True)  # a TPU this TF cannot drive: one line, before the demo data
     _run_dir = config.train.run_dir
     train(config)
     return 0
