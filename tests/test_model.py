@@ -22,6 +22,7 @@ from tpu_pipeline.model import (
     resolve_steps_per_execution,
     tf_keras,
 )
+from tpu_pipeline.model.schedules import schedule_steps, warmup_note
 
 
 def config(**data) -> ModelConfig:
@@ -153,8 +154,30 @@ def test_schedule_serializes_and_restores_the_same_values():
 def test_schedule_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"model\.schedule\.name='cosine'.*steps_per_epoch"):
         build_schedule(tf_keras, config().schedule, steps_per_epoch=None, epochs=3)
-    with pytest.raises(ConfigError, match=r"model\.schedule\.warmup_epochs"):
-        build_schedule(tf_keras, config(schedule={"warmup_epochs": 3}).schedule, steps_per_epoch=10, epochs=3)
+
+
+@pytest.mark.parametrize("name", ["cosine", "constant"])
+def test_a_warmup_that_covers_the_whole_run_shrinks_to_half_of_it_and_says_so(name):
+    # The smoke test `train.epochs=1` on a config written with warmup_epochs: 1 (the demo's) runs.
+    cfg = config(schedule={"name": name, "learning_rate": 0.1, "warmup_epochs": 3}).schedule
+    assert schedule_steps(cfg, steps_per_epoch=10, epochs=3) == (15, 30)
+    schedule = build_schedule(tf_keras, cfg, steps_per_epoch=10, epochs=3)
+    assert lr(schedule, 15) == pytest.approx(0.1, rel=1e-5)  # the peak, at the end of the shrunk warm-up
+    assert lr(schedule, 7) < lr(schedule, 14) < 0.1
+    if name == "cosine":
+        assert lr(schedule, 30) == pytest.approx(0.0, abs=1e-7)  # and then half the run to decay
+    assert warmup_note(cfg, 10, 3) == (
+        "model.schedule.warmup_epochs=3 (30 steps) covers the whole 3-epoch run (30 steps): warming up over its "
+        "first 15 steps (half the run) instead; set model.schedule.warmup_epochs below 3 to choose")
+    one_step = config(schedule={"name": name, "warmup_epochs": 1}).schedule
+    assert schedule_steps(one_step, steps_per_epoch=1, epochs=1) == (0, 1)
+    assert "(1 step): no warm-up instead (a run of one step)" in warmup_note(one_step, 1, 1)
+
+
+def test_a_warmup_shorter_than_the_run_is_kept_and_not_mentioned():
+    cfg = config(schedule={"warmup_epochs": 2.5}).schedule
+    assert schedule_steps(cfg, steps_per_epoch=10, epochs=3) == (25, 30)
+    assert warmup_note(cfg, 10, 3) is None
 
 
 # --- precision and steps_per_execution per accelerator kind ---------------------------------------

@@ -5,6 +5,10 @@ model restores them without custom-object registration:
 - cosine: linear warm-up 0 → learning_rate over warmup steps, then cosine down to
   final_fraction * learning_rate at the last training step;
 - constant: the same warm-up, then alpha=1 (a cosine that does not decay).
+
+A warm-up is given in epochs, so one written for a long run can cover a short one whole (the
+demo's 1 epoch in a 1-epoch smoke test): it is then shrunk to half the run, and `warmup_note`
+says so in one line, instead of refusing the run or never reaching the learning rate.
 """
 from __future__ import annotations
 
@@ -31,13 +35,31 @@ def schedule_steps(config: ScheduleConfig, steps_per_epoch: Optional[int], epoch
     if steps_per_epoch < 1:
         raise ConfigError(f"steps_per_epoch: must be at least 1, got {steps_per_epoch}")
     total = steps_per_epoch * epochs
-    warmup = int(round(config.warmup_epochs * steps_per_epoch))
-    if config.name == "cosine" and warmup >= total:
-        raise ConfigError(
-            f"model.schedule.warmup_epochs: {config.warmup_epochs} epochs of warm-up ({warmup} steps) "
-            f"leave nothing of the {epochs}-epoch run ({total} steps) to decay; lower it"
-        )
+    warmup = _given_warmup(config, steps_per_epoch)
+    if warmup >= total:
+        warmup = total // 2  # see warmup_note
     return warmup, total
+
+
+def _given_warmup(config: ScheduleConfig, steps_per_epoch: int) -> int:
+    return int(round(config.warmup_epochs * steps_per_epoch))
+
+
+def warmup_note(config: ScheduleConfig, steps_per_epoch: Optional[int], epochs: int) -> Optional[str]:
+    """One line when the warm-up given in epochs covers the whole run and is shrunk to half of it (None otherwise)."""
+    if steps_per_epoch is None or steps_per_epoch < 1 or epochs < 1:
+        return None
+    given, total = _given_warmup(config, steps_per_epoch), steps_per_epoch * epochs
+    if given < total:
+        return None
+    instead = (f"warming up over its first {_steps(total // 2)} (half the run) instead" if total > 1
+               else "no warm-up instead (a run of one step)")
+    return (f"model.schedule.warmup_epochs={config.warmup_epochs:g} ({_steps(given)}) covers the whole {epochs}-epoch "
+            f"run ({_steps(total)}): {instead}; set model.schedule.warmup_epochs below {epochs} to choose")
+
+
+def _steps(count: int) -> str:
+    return f"{count:,} step" + ("" if count == 1 else "s")
 
 
 def build_schedule(keras: ModuleType, config: ScheduleConfig, steps_per_epoch: Optional[int],

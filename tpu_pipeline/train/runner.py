@@ -26,6 +26,7 @@ from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabulary
 from tpu_pipeline.model import build_model, tf_keras
+from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
@@ -140,6 +141,9 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     epochs = config.train.epochs
     # A mixture ending through a `stop` source before the run's steps: one line naming the source, not Keras's trace.
     check_training_mixture(train_pipeline, steps, epochs, cluster.num_hosts, cluster.num_replicas)
+    warmup = warmup_note(config.model.schedule, steps, epochs)  # a warm-up that covers the whole run is shrunk
+    if warmup:
+        printer(warmup)
     meter = InputWaitMeter()
 
     train_pipeline, tokens = with_token_meter(train_pipeline)
