@@ -41,3 +41,15 @@ def test_meter_counts_every_element():
     meter = InputWaitMeter()
     assert [int(x) for x in metered(tf.data.Dataset.range(5), meter)] == [0, 1, 2, 3, 4]
     assert meter.totals()[1] == 5
+
+
+def test_meter_counts_requests_and_deliveries_which_reset_leaves():
+    # What train's stall watch reads: a request not yet answered is one more asked for than delivered.
+    meter = InputWaitMeter()
+    iterator = iter(metered(tf.data.Dataset.range(5), meter))
+    for _ in range(3):
+        next(iterator)
+    meter.reset()
+    assert meter.requests() == (3, 3) and meter.totals()[1] == 0
+    assert [int(x) for x in iterator] == [3, 4]
+    assert meter.requests() == (6, 5)  # the last request found the end of the data

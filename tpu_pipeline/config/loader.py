@@ -100,11 +100,30 @@ def resolve_input_paths(raw: dict[str, Any], base_dir: str) -> dict[str, Any]:
     return raw
 
 
+# A tfrecord source reads `files` or a converted `dir` (with its `split`), never both: a later layer (a
+# file over another, --params_override, a key=value override) that sets one replaces what an earlier
+# layer set of the other, so switching a config between them is one override.
+SOURCE_KINDS = {"files": ("dir", "split"), "dir": ("files",)}
+
+
+def _switch_source(source: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    """Removes from `source` (a `source:` mapping of earlier layers) what the keys `layer` sets replace."""
+    for key, replaced in SOURCE_KINDS.items():
+        if (layer.get(key) is not None and source.get(key) is None and source.get(replaced[0]) is not None
+                and replaced[0] not in layer):
+            for other in replaced:
+                if other not in layer:
+                    source.pop(other, None)
+
+
 def merge(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
-    """`layer` over `base`: mappings merge key by key (later wins), anything else is replaced."""
+    """`layer` over `base`: mappings merge key by key (later wins), anything else is replaced; a `source`
+    that switches between `files` and `dir` drops the other (`SOURCE_KINDS`)."""
     result = copy.deepcopy(dict(base))
     for key, value in layer.items():
         if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            if key == "source":
+                _switch_source(result[key], value)
             result[key] = merge(result[key], value)
         else:
             result[key] = copy.deepcopy(value)
@@ -139,6 +158,7 @@ def params_override(text: str) -> dict[str, Any]:
 def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """Returns a copy of `raw` with each `dotted.key=value` set; list items are addressed by index."""
     result = copy.deepcopy(dict(raw))
+    typed: dict[str, Any] = {}  # key → value, of these overrides: a source's switch keeps what they set
     for override in overrides:
         if "=" not in override:
             raise ConfigError(f"override {override!r} must look like key=value, e.g. data.batch_size=256")
@@ -153,7 +173,12 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[st
         node: Any = result
         for depth, part in enumerate(parts[:-1]):
             node = _child(node, part, ".".join(parts[: depth + 1]), override)
+        if len(parts) > 1 and parts[-2] == "source" and parts[-1] in SOURCE_KINDS and isinstance(node, dict):
+            parent = ".".join(parts[:-1])
+            _switch_source(node, {parts[-1]: value, **{key.rsplit(".", 1)[1]: typed[key] for key in typed
+                                                       if key.rsplit(".", 1)[0] == parent}})
         _set(node, parts[-1], value, ".".join(parts[:-1]), override)
+        typed[".".join(parts)] = value
     return result
 
 

@@ -68,14 +68,37 @@ class TFRecordSourceConfig(StrictModel):
     @pydantic.model_validator(mode="after")
     def _files_or_dir(self, info: pydantic.ValidationInfo) -> "TFRecordSourceConfig":
         prefix = f"{(info.context or {}).get('prefix', 'data')}.source"
-        if (self.files is None) == (self.dir is None):
+        if self.files is not None and self.dir is not None:
+            # Set in one layer (a file, or two overrides together): an override of one over a file's other
+            # replaces it (`loader.SOURCE_KINDS`), so only this is left to refuse, with what to type.
+            split = f" {prefix}.split=null" if self.split is not None else ""
             raise ConfigError(
                 f"{prefix}: give exactly one of files (a glob of TFRecord files) or dir (a directory written by "
-                f"`tpu-pipeline convert`){'; both are set' if self.files is not None else ''}"
+                f"`tpu-pipeline convert`); both are set: to read the files, end the overrides with {prefix}.dir=null{split}; "
+                f"to read the directory, with {prefix}.files=null"
+            )
+        if self.files is None and self.dir is None:
+            raise ConfigError(
+                f"{prefix}: give exactly one of files (a glob of TFRecord files) or dir (a directory written by "
+                f"`tpu-pipeline convert`), e.g. {prefix}.files=gs://bucket/train-*.tfrecord"
+            )
+        if not _patterns(self.files) and self.dir is None:
+            raise ConfigError(
+                f"{prefix}.files is empty ({self.files!r}): there is nothing to read; give a glob of TFRecord files, "
+                f"e.g. {prefix}.files=gs://bucket/train-*.tfrecord, or a converted dataset with {prefix}.dir=DIR"
             )
         if self.split is not None and self.dir is None:
-            raise ConfigError(f"{prefix}.split: only with {prefix}.dir (with files, the glob chooses the split)")
+            raise ConfigError(f"{prefix}.split: only with {prefix}.dir (with files, the glob chooses the split); "
+                              f"remove it: {prefix}.split=null")
         return self
+
+
+def _patterns(files: Union[str, list[str], None]) -> list[str]:
+    """The non-blank globs of data.source.files (comma-separated or a list), as the source lists them."""
+    if files is None:
+        return []
+    parts = files.split(",") if isinstance(files, str) else files
+    return [part for part in parts if str(part).strip()]
 
 
 class TFDSSourceConfig(StrictModel):

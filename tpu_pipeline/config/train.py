@@ -49,6 +49,11 @@ class TrainConfig(StrictModel):
         None, description="[first, last] training step to trace with the TensorFlow profiler"
     )
     seed: Optional[int] = pydantic.Field(None, description="seeds TF's global random state (model init)")
+    input_stall_seconds: Optional[pydantic.PositiveFloat] = pydantic.Field(
+        300.0, description="end the run, with a line saying which stage or source is stuck, when the training "
+        "input answers no request for a batch this long (a stream that yields nothing never ends by itself); a "
+        "SIGTERM or Ctrl-C while it answers none ends the run at once; null: wait for ever"
+    )
     allow_changes: list[str] = pydantic.Field(
         [], description="keys that may differ from what the checkpoint in run_dir was trained with (e.g. "
         "[data.source.dir, data.source.split] to fine-tune on other data), or sections of them (data, model); "

@@ -21,6 +21,7 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline.bad_records import SkipReport, check_copies_reachable, without_bad_records
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
+from tpu_pipeline.pipeline.empty_check import first_records
 from tpu_pipeline.pipeline.evaluation import evaluation_steps, for_evaluation
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.mixture_weights import by_tokens
@@ -361,11 +362,14 @@ class Pipeline:
         if config.on_error == "skip" and isinstance(source, RecordFileSource):
             source, skipped = without_bad_records(config, source, prefix, num_classes, vocab)
             check_copies_reachable(config, skipped, prefix)
+        # A source with no record is refused here in one line (its epochs would be empty, and a stream of
+        # empty epochs never yields): from its listed counts or its first record, what the check below reads.
+        found = first_records(source, prefix) if isinstance(source, RecordFileSource) else ()
         plan = make_plan(config, source, prefix)
         if config.mixture is not None and config.mixture.weight_by == "tokens" and source.names:  # (not a stand-in)
             source = by_tokens(source, plan.features.value, plan.sequence.value)
         if plan.features.value and isinstance(source, RecordFileSource) and skipped is None:
-            check_first_record(source, plan.features.value, prefix, plan.source_features)
+            check_first_record(source, plan.features.value, prefix, plan.source_features, found)
         return cls(source=source.with_read(plan.read), stages=stages_from_plan(config, plan, prefix),
                    check_tpu=target == "tpu", plan=plan, skipped=skipped, config=config, prefix=prefix,
                    num_classes=num_classes, vocab=vocab)

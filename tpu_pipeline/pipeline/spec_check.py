@@ -41,12 +41,21 @@ def check_features(path: str, record: bytes, features: Mapping[str, Any], prefix
     raise ConfigError(f"{prefix}.features.{found.key}: record 0 of {path} {found.what}; {found.fix}")
 
 
-def check_first_record(source: RecordFileSource, features: Any, prefix: str, per_source: Sequence[Any] = ()) -> None:
+def check_first_record(source: RecordFileSource, features: Any, prefix: str, per_source: Sequence[Any] = (),
+                       found: Sequence[Optional[tuple[str, Optional[bytes]]]] = ()) -> None:
     """The feature spec against the first record found in the first few files (build time, not a trace
     later): of each source, for a mixture, with its own spec where the plan parses each source apart
-    (`per_source`)."""
+    (`per_source`). `found`: per source, a file that holds a record and that record where it was read
+    (`empty_check.first_records`), so no file is opened twice."""
     parts = source.record_sources()
-    for part, spec in zip(parts, per_source or [features] * len(parts)):
+    for index, (part, spec) in enumerate(zip(parts, per_source or [features] * len(parts))):
+        hit = found[index] if index < len(found) else None
+        if hit is not None:
+            path, record = hit
+            record = record if record is not None else first_record(path, getattr(part, "compression", ""))
+            if record is not None:
+                check_features(path, record, spec, prefix)
+            continue
         for path in part.tfrecord_files()[:3]:
             record = first_record(path, getattr(part, "compression", ""))
             if record is not None:

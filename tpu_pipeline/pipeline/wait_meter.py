@@ -6,6 +6,9 @@ asked for an element, and the map after the zip sees how long that request block
 add up in a host-side variable that a training callback reads (no Keras here). When the pipeline
 keeps up, its prefetch buffer is full and each wait is microseconds; when it does not, the wait
 is the time the accelerator would stand idle.
+
+The meter also counts requests and deliveries (never reset): a request the dataset has not answered
+for long is a stalled input, which `train`'s stall watch (`train.stall`) ends the run on.
 """
 from __future__ import annotations
 
@@ -19,22 +22,41 @@ class InputWaitMeter:
         with tf.device("/CPU:0"), tf.init_scope():
             self.wait_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_seconds")
             self.elements = tf.Variable(0, dtype=tf.int64, trainable=False, name="input_wait_elements")
+            # Monotonic (reset() leaves them): elements asked for, and delivered, since the meter was made.
+            self.requested = tf.Variable(0, dtype=tf.int64, trainable=False, name="input_requested")
+            self.delivered = tf.Variable(0, dtype=tf.int64, trainable=False, name="input_delivered")
+        self.context: tf.distribute.InputContext | None = None  # of the last dataset metered (`metered`)
 
     def totals(self) -> tuple[float, int]:
         return float(self.wait_seconds.numpy()), int(self.elements.numpy())
+
+    def requests(self) -> tuple[int, int]:
+        """(elements asked for, elements delivered) since the meter was made: a request outstanding is
+        one the dataset has not answered yet."""
+        return int(self.requested.numpy()), int(self.delivered.numpy())
 
     def reset(self) -> None:
         self.wait_seconds.assign(0.0)
         self.elements.assign(0)
 
 
-def metered(dataset: tf.data.Dataset, meter: InputWaitMeter) -> tf.data.Dataset:
-    """The same elements, with each request's blocking time added to `meter`."""
-    clock = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat().map(lambda _: tf.timestamp())
+def metered(dataset: tf.data.Dataset, meter: InputWaitMeter,
+            context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """The same elements, with each request's blocking time added to `meter`. `context`: the input
+    pipeline the dataset is (kept on the meter, for a stalled stream's diagnosis)."""
+    if context is not None:
+        meter.context = context
+
+    def asked(_):
+        with tf.control_dependencies([meter.requested.assign_add(1)]):
+            return tf.timestamp()
+
+    clock = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat().map(asked)
 
     def record(requested_at, element):
         waited = tf.timestamp() - requested_at
-        with tf.control_dependencies([meter.wait_seconds.assign_add(waited), meter.elements.assign_add(1)]):
+        with tf.control_dependencies([meter.wait_seconds.assign_add(waited), meter.elements.assign_add(1),
+                                      meter.delivered.assign_add(1)]):
             return tf.nest.map_structure(tf.identity, element)
 
     timed = tf.data.Dataset.zip((clock, dataset)).map(record, name="input_wait_meter")

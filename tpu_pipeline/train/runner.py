@@ -41,6 +41,7 @@ from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
+from tpu_pipeline.train.stall import StallWatch, kept_line
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition
 
@@ -159,12 +160,14 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         """The distributed training stream from global step `step` on (its input position)."""
         if position is not None:
             return cluster.strategy.distribute_datasets_from_function(
-                lambda context: metered(position.stream(context, step), meter))
+                lambda context: metered(position.stream(context, step), meter, context))
         if windowed is not None and train_pipeline.service is not None:
             return cluster.strategy.distribute_datasets_from_function(
-                lambda context: metered(windowed_service_stream(train_pipeline, context, step - resumed_from), meter))
+                lambda context: metered(windowed_service_stream(train_pipeline, context, step - resumed_from), meter,
+                                        context))
         return cluster.strategy.distribute_datasets_from_function(
-            lambda context: metered(train_pipeline.build(context, start=step * train_pipeline.examples_per_step(context)), meter)
+            lambda context: metered(train_pipeline.build(context, start=step * train_pipeline.examples_per_step(context)), meter,
+                                    context)
         )
 
     def exact_evaluation(evaluated: Config) -> tuple[Any, int, Pipeline]:
@@ -235,7 +238,10 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs,
                               tokens=tokens, task=state.task, sources=by_source, mixture=train_data.mixture)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
-    with PreemptionFlag(agreement) as preemption:
+    # A training input that answers no request (stuck, or endlessly empty) ends the run with a line (train.stall).
+    watch = StallWatch(meter, config.train.input_stall_seconds, train_pipeline, printer,
+                       lambda: kept_line(files.latest_checkpoint))
+    with PreemptionFlag(agreement) as preemption, watch:
         checkpointer = TimedCheckpointer(files, state, steps, plan=saves, preemption=preemption, printer=printer,
                                          before_save=position.record if position is not None else None)
         callbacks: list[Any] = [progress, checkpointer]
@@ -256,6 +262,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             # steps per epoch, so the two parts are two fit calls, each on the stream from its step.
             epoch_now, into = divmod(step, steps)
             last_epoch = epoch_now + 1 if into else epochs
+            watch.new_stream()
             try:
                 model.fit(
                     train_dataset(step), epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
