@@ -20,6 +20,11 @@ from typing import Iterable
 SETUP_CFG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "setup.cfg")
 # The distributions that are, or pull in, the plain `tensorflow` wheel (tf-keras requires it).
 TENSORFLOW_FAMILY = ("tensorflow", "tf-keras")
+# Printed after setup.cfg's lines: what keeps the rest importable beside an older TensorFlow.
+# tensorflow-tpu 2.19 caps protobuf below 6, but tensorflow-metadata 1.21 (tensorflow-datasets' dependency)
+# was generated with protobuf 6.31 while declaring protobuf>=4.25.2, so `import tensorflow_datasets` fails
+# ("Detected incompatible Protobuf Gencode/Runtime versions"); 1.17.x imports with protobuf 5 and newer.
+COMPATIBILITY_PINS = ("tensorflow-metadata<1.18",)
 
 
 def _lines(value: str) -> list[str]:
@@ -58,6 +63,9 @@ def main() -> None:
     extras = [e.strip() for e in args.extras.split(",") if e.strip()]
     for line in requirements(extras):
         if (project_name(line) in TENSORFLOW_FAMILY) == args.tensorflow:
+            print(line)
+    if not args.tensorflow:
+        for line in COMPATIBILITY_PINS:
             print(line)
 
 

@@ -41,7 +41,7 @@ fi
 
 # --tpu: .venv-tpu with exactly one TensorFlow distribution, the TPU build.
 VENV=.venv-tpu
-STAMP="$VENV/.installed-$(cat setup.cfg scripts/setup_env.sh | sha256sum | cut -c1-16)"
+STAMP="$VENV/.installed-$(cat setup.cfg scripts/setup_env.sh scripts/deps.py | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import tpu_pipeline" 2>/dev/null; then
   exit 0
 fi
