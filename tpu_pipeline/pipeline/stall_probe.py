@@ -103,7 +103,7 @@ def stage_name(stage: Any, prefix: str = "data") -> str:
 
 
 def _hint(stage: Any, prefix: str) -> str:
-    if getattr(stage, "mode_name", "") == "pack" or "windowed" in getattr(stage, "roles", ()):
+    if getattr(stage, "mode_name", None) is not None or "windowed" in getattr(stage, "roles", ()):  # bucket or pack
         return ("every example may hold no token once the ops ran, e.g. documents of one token after lm_shift, "
                 "which leaves a document one token shorter: a language model needs two or more per document")
     return ""
