@@ -13,10 +13,10 @@ from commit 64fd0d8, before the refactor. The data is written in a tmp dir from 
 of its path enters a hash.
 
 The hashes depend on TensorFlow (JPEG codec, stateless random ops): they were recorded with
-`RECORDED_TF_VERSION` and the test skips on another major.minor.
+`RECORDED_TF_VERSIONS` (2.21, and the TPU build 2.19.1 gives the same) and the test skips on another major.minor.
 
 Re-record only when a change of behaviour is intended (or TensorFlow's version moves), and say which
-and why in the commit: set `RECORDED_TF_VERSION`, run
+and why in the commit: set `RECORDED_TF_VERSIONS`, run
 `python -m pytest -q tests/test_same_batches.py` on the commit whose batches are right, and copy each
 failure's `got` digest into `EXPECTED`. A digest that changed without an intended change is a bug.
 """
