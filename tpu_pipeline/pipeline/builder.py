@@ -266,14 +266,6 @@ class Pipeline:
         """This pipeline reading `source` (e.g. a mixture restored with the weights of a checkpoint)."""
         return dataclasses.replace(self, source=source)
 
-    def resume_margin(self) -> int:
-        """Examples after a resume point that a window (pack: a pool of windows) in flight may still hold:
-        a source whose order changes on resume (a mixture's new weights) keeps its old one that far."""
-        windowed = self.windowed
-        if windowed is None:
-            return 0
-        return int(windowed.window or 0) * max(1, int(getattr(windowed, "row_shuffle", 0) or 0))
-
     def global_batch_size(self) -> int:
         """The global batch: of examples, of packed rows (pack), or each bucket's nominal batch (bucket)."""
         if self.parts.batch is None:

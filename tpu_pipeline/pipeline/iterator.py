@@ -32,6 +32,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.reweighting import outputs_per_step, resumed
 from tpu_pipeline.pipeline.sequence_stages import Windowed
 from tpu_pipeline.pipeline.stages import last_position
 
@@ -56,7 +57,10 @@ class ResumablePipeline(Protocol):
     @property
     def source(self) -> Any: ...
 
-    def resume_margin(self) -> int: ...
+    def with_parts(self, parts: Any) -> "ResumablePipeline": ...
+
+    @property
+    def parts(self) -> Any: ...
 
     def with_source(self, source: Any) -> "ResumablePipeline": ...
 
@@ -106,18 +110,23 @@ class _PositionIterator(tf.Module):
         self._box = _Box()
         self._applied = state  # the source state the pipeline holds now
 
-    def _with_saved_source(self, example: int) -> ResumablePipeline:
+    def _with_saved_source(self, example: int, context: tf.distribute.InputContext, chunk: int = 0,
+                           skip: int = 0) -> ResumablePipeline:
         """The pipeline whose source continues the saved state (a restored checkpoint's), logged where it
-        changed (a mixture's weights); `example`: where this input pipeline's stream resumes."""
+        changed (a mixture's weights: the rows in flight keep the old ones, `reweighting`); `example`,
+        `chunk`, `skip`: where this input pipeline's stream resumes."""
         if self.source_state is None:
             return self._pipeline
         saved = self.source_state.numpy().decode()
         if saved != self._applied:
-            source, message = self._pipeline.source.with_resume_state(saved, example, self._pipeline.resume_margin())
+            distributed = isinstance(self, DistributedPipelineIterator)
+            pipeline, message = resumed(self._pipeline, saved, context, example, chunk, skip,
+                                        per_step=outputs_per_step(self._pipeline, context, distributed),
+                                        step_name="step" if distributed else "batch")
             if message:
                 logging.warning("%s", message)
-            self._pipeline = self._pipeline.with_source(source)
-            self._applied = source.resume_state()
+            self._pipeline = pipeline
+            self._applied = pipeline.source.resume_state()
             self.source_state.assign(self._applied)
         return self._pipeline
 
@@ -182,9 +191,9 @@ class PipelineIterator(_PositionIterator):
     def _make(self, position: int) -> Any:
         if self._windowed is not None:
             start, chunk, skip = self._resume_point()
-            pipeline = self._with_saved_source(start)
+            pipeline = self._with_saved_source(start, self._context, chunk, skip)
             return iter(pipeline.build(self._context, start=start, chunk=chunk, skip=skip, with_position=True))
-        pipeline = self._with_saved_source(position * self._examples_per_batch)
+        pipeline = self._with_saved_source(position * self._examples_per_batch, self._context)
         return iter(pipeline.build(self._context, start=position * self._examples_per_batch))
 
 
@@ -199,12 +208,12 @@ class DistributedPipelineIterator(_PositionIterator):
         if self._windowed is not None:
             start, chunk, skip = self._resume_point()
             return iter(self._strategy.distribute_datasets_from_function(
-                lambda context: self._with_saved_source(start).build(context, start=start, chunk=chunk, skip=skip,
-                                                                     with_position=True)))
+                lambda context: self._with_saved_source(start, context, chunk, skip).build(
+                    context, start=start, chunk=chunk, skip=skip, with_position=True)))
 
         def build(context: tf.distribute.InputContext) -> tf.data.Dataset:
             start = position * self._pipeline.examples_per_step(context)  # the same on every input pipeline
-            return self._with_saved_source(start).build(context, start=start)
+            return self._with_saved_source(start, context).build(context, start=start)
 
         return iter(self._strategy.distribute_datasets_from_function(build))
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import ClassVar, Optional, Sequence
+from typing import Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -299,24 +299,43 @@ class MixtureSource(RecordFileSource):
         return json.dumps({"names": list(self.names), "segments": segments,
                            "configured": [part.weight for part in self.parts]})
 
-    def with_resume_state(self, state: str, example: int, margin: int) -> tuple["MixtureSource", Optional[str]]:
-        """This mixture continuing a saved one whose stream is at `example`: the saved weights up to
-        `example + margin` (what a window in flight still needs), this config's from there; and a line
-        saying what changed (None: nothing)."""
+    def _saved_segments(self, state: str) -> list[tuple[int, tuple[float, ...]]]:
         saved = json.loads(state)
         if saved["names"] != list(self.names):
             raise ConfigError(f"data.mixture: the checkpoint mixes {saved['names']}, this config {list(self.names)}; "
                               "keep the sources and their order to resume (set a weight to 0 to leave one out)")
-        segments = [(int(start), tuple(float(w) for w in weights)) for start, weights in saved["segments"]]
-        configured = [part.weight for part in self.parts]
+        return [(int(start), tuple(float(w) for w in weights)) for start, weights in saved["segments"]]
+
+    def as_saved(self, state: str) -> "MixtureSource":
+        """The mixture exactly as the checkpoint made it, its last weights going on: what made the rows in
+        flight at the save (a resume replays them to find where they end)."""
+        segments = self._saved_segments(state)
+        return dataclasses.replace(self, weights=segments[-1][1], earlier=tuple(segments[:-1]), since=segments[-1][0])
+
+    def stream_length(self, context: tf.distribute.InputContext) -> Optional[int]:
+        """Examples of this input pipeline's whole stream, every segment of weights with its own (None: endless)."""
+        length = self.positions(context, None, self._bases(context)[-1]).length
+        return None if length is None else self.since + length
+
+    def with_resume_state(self, state: str, example: int, margin: int,
+                          when: Optional[Callable[[int], str]] = None) -> tuple["MixtureSource", Optional[str]]:
+        """This mixture continuing a saved one whose stream is at `example`: the saved weights up to
+        `example + margin` (the examples the window in flight holds pieces of: `reweighting.window_in_flight`),
+        this config's from there, as one more segment of weights; and a line saying what changed
+        (None: nothing). `when(switch)`: how the line says when the new weights take effect."""
+        segments = self._saved_segments(state)
         if tuple(segments[-1][1]) == tuple(self.weights):
             return dataclasses.replace(self, earlier=tuple(segments[:-1]), since=segments[-1][0]), None
         switch = max(example + margin, segments[-1][0])
-        change = ", ".join(f"{name} {old:g} -> {new:g}" for name, old, new in zip(self.names, saved["configured"], configured)
+        configured = [part.weight for part in self.parts]
+        change = ", ".join(f"{name} {old:g} -> {new:g}" for name, old, new in zip(self.names, json.loads(state)["configured"],
+                                                                                  configured)
                            if old != new) or "the same configured weights, new measured token rates"
-        message = (f"data.mixture: weights changed since the checkpoint ({change}); they take effect at example "
-                   f"{switch:,} of this input pipeline's stream (example {example:,} now, the window in flight finishes "
-                   "with the old ones); every source continues where it stopped")
+        taking = when(switch) if when is not None else (
+            f"at example {switch:,} of this input pipeline's stream (example {example:,} now, the window in flight "
+            "finishes with the old ones)")
+        message = (f"data.mixture: weights changed since the checkpoint ({change}); they take effect {taking}; "
+                   "every source continues where it stopped")
         return dataclasses.replace(self, earlier=tuple(segments), since=switch), message
 
     def _length(self, part: MixturePart, context: tf.distribute.InputContext) -> int:

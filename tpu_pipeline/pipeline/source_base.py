@@ -9,7 +9,7 @@ the way TFDS passes one `ReadConfig` whole instead of a dozen loose arguments.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, Callable, ClassVar, Optional, Union
 
 import tensorflow as tf
 
@@ -99,9 +99,15 @@ class Source:
         since when, a few numbers as text); None for a source the position alone places."""
         return None
 
-    def with_resume_state(self, state: str, example: int, margin: int) -> tuple["Source", Optional[str]]:
+    def as_saved(self, state: str) -> "Source":
+        """The source as it was when `state` (its `resume_state()`) was saved."""
+        return self
+
+    def with_resume_state(self, state: str, example: int, margin: int,
+                          when: Optional[Callable[[int], str]] = None) -> tuple["Source", Optional[str]]:
         """This source continuing a saved one (`resume_state()` then) whose stream is at `example`; what may
-        still come from before within `margin` examples; and a line to log when something changed."""
+        still come from before within `margin` examples; and a line to log when something changed
+        (`when(example)`: how it says from where the change takes effect)."""
         return self, None
 
 

@@ -43,6 +43,7 @@ from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figure
 from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
 from tpu_pipeline.train.stall import StallWatch, kept_line
 from tpu_pipeline.train import started_with
+from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition
 
 # What a collective raises when a peer worker died or hung up.
@@ -154,6 +155,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     # which row), so there a windowed stream restarts as an image stream does, at a data epoch's start.
     position = (WindowedPosition(train_pipeline, cluster, store, run_key)
                 if windowed is not None and train_pipeline.service is None else None)
+    mixture_state = MixtureState.of(train_pipeline, cluster.num_hosts)  # a mixture's weights, and since when
     resumed_from = 0
 
     def train_dataset(step: int) -> Any:
@@ -166,9 +168,13 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                 lambda context: metered(windowed_service_stream(train_pipeline, context, step - resumed_from), meter,
                                         context))
         return cluster.strategy.distribute_datasets_from_function(
-            lambda context: metered(train_pipeline.build(context, start=step * train_pipeline.examples_per_step(context)), meter,
-                                    context)
+            lambda context: metered(for_input(context).build(context, start=step * train_pipeline.examples_per_step(context)),
+                                    meter, context)
         )
+
+    def for_input(context: tf.distribute.InputContext) -> Pipeline:
+        """The pipeline of one input pipeline: a mixture's continues its own saved weights."""
+        return mixture_state.pipeline(context.input_pipeline_id) if mixture_state is not None else train_pipeline
 
     def exact_evaluation(evaluated: Config) -> tuple[Any, int, Pipeline]:
         """evaluated.eval_data's distributed dataset, its steps and its pipeline. Exact: every example of one
@@ -189,7 +195,8 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     started_with_now = started_with.variable(config)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json,
                                      **{started_with.STARTED_WITH_KEY: started_with_now},
-                                     **({POSITION_KEY: position} if position is not None else {}))
+                                     **({POSITION_KEY: position} if position is not None else {}),
+                                     **({MIXTURE_KEY: mixture_state} if mixture_state is not None else {}))
     files = RunFiles(run_dir, cluster, checkpoint, config.train.max_checkpoints)
     latest = files.latest_checkpoint
     if store is not None:
@@ -234,6 +241,13 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             where = (f"data.service cannot resume exactly, so the input starts a fresh service job at the start of "
                      f"data epoch {data_epoch + 1}" + (f": {again:,} examples of it come again" if again else ""))
         printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {where}")
+        if mixture_state is not None:  # weights changed: the rows in flight keep the old ones; said in a line
+            saved_at = ((lambda context: position.saved(context.input_pipeline_id)) if position is not None else
+                        (lambda context: (resumed_from * train_pipeline.examples_per_step(context), 0, 0)))
+            for line in mixture_state.resume(saved_at, cluster.num_replicas):
+                printer(line)
+            if position is not None:
+                position.pipeline_of = mixture_state.pipeline
 
     progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs,
                               tokens=tokens, task=state.task, sources=by_source, mixture=train_data.mixture)

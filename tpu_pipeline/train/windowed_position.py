@@ -7,7 +7,7 @@ workers every host's place is exchanged before a save, since only the chief's ch
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -49,6 +49,8 @@ class WindowedPosition(tf.Module):
             self.example = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="example")
             self.chunk = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="chunk")
             self.in_window = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="in_window")
+        # Each input pipeline's own pipeline: a mixture resumed with new weights continues each one's saved segments.
+        self.pipeline_of: Callable[[int], Pipeline] = lambda index: pipeline
         self._logs = {index: PositionLog() for index in self._local}
         self._per_step = {index: 1 for index in self._local}  # elements a pipeline delivers per step
         self._built_at_step = 0
@@ -77,10 +79,14 @@ class WindowedPosition(tf.Module):
         self._logs[index].reset()
         self._per_step[index] = max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
         self._built_at_step = step
-        dataset = self._pipeline.build(context, start=int(self.example[index].numpy()),
-                                       chunk=int(self.chunk[index].numpy()), skip=int(self.in_window[index].numpy()),
-                                       with_position=True)
+        dataset = self.pipeline_of(index).build(context, start=int(self.example[index].numpy()),
+                                                chunk=int(self.chunk[index].numpy()),
+                                                skip=int(self.in_window[index].numpy()), with_position=True)
         return self._logs[index].attach(dataset)
+
+    def saved(self, index: int) -> tuple[int, int, int]:
+        """(example, chunk where the window starts, outputs of it delivered) of input pipeline `index`, as saved."""
+        return int(self.example[index].numpy()), int(self.chunk[index].numpy()), int(self.in_window[index].numpy())
 
     def record(self, step: int) -> None:
         """Sets every input pipeline's position to where its stream stood after global step `step` (before a save)."""

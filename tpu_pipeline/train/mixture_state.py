@@ -1,0 +1,73 @@
+"""A mixture's weights in `train`'s checkpoints: which weights made the stream so far, and since when.
+
+The input position alone (a step, or a window's (example, chunk)) does not say which weights chose the
+examples before it, so the checkpoint keeps, for each input pipeline (one per host), the mixture's
+segments of weights (`MixtureSource.resume_state()`: a few numbers as text). A run resumed with other
+weights goes on from them (`reweighting.resumed`): the rows in flight keep the old weights, the new
+ones choose from the first example after them, every source continues where it stopped, and `train`
+prints after how many steps the new weights take effect. Each input pipeline's segments are computed
+on every host from the positions in the checkpoint (which hold every host's), so the chief's save holds
+every pipeline's.
+"""
+from __future__ import annotations
+
+import json
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.reweighting import outputs_per_step, resumed
+
+MIXTURE_KEY = "mixture"  # the mixture's weights in the checkpoint (MixtureState)
+
+
+class MixtureState(tf.Module):
+    """Each input pipeline's mixture state (a JSON list, one entry a pipeline), and the pipeline that
+    continues it."""
+
+    def __init__(self, pipeline: Pipeline, num_pipelines: int) -> None:
+        super().__init__(name="mixture_state")
+        self._pipeline = pipeline
+        self._count = int(num_pipelines)
+        self._pipelines: dict[int, Pipeline] = {}
+        with tf.init_scope():
+            self.segments = tf.Variable(json.dumps([pipeline.source.resume_state()] * self._count), dtype=tf.string,
+                                        trainable=False, name="segments")
+
+    @staticmethod
+    def of(pipeline: Pipeline, num_pipelines: int) -> Optional["MixtureState"]:
+        """The state of a mixture's pipeline; None for a single source (its position says everything)."""
+        return MixtureState(pipeline, num_pipelines) if pipeline.source.resume_state() is not None else None
+
+    def _saved(self) -> list[str]:
+        states = json.loads(self.segments.numpy().decode())
+        if len(states) != self._count:
+            if len(set(states)) != 1:
+                raise ConfigError(
+                    f"train.run_dir: the checkpoint holds the mixture weights of {len(states)} input pipeline(s) (hosts), "
+                    f"and this run has {self._count}; resume it on as many hosts, or start a new train.run_dir")
+            states = states[:1] * self._count  # every pipeline the same (the weights never changed mid-window)
+        return states
+
+    def resume(self, place: Callable[[tf.distribute.InputContext], tuple[int, int, int]], num_replicas: int) -> list[str]:
+        """After the checkpoint's restore: every input pipeline's pipeline continuing its saved weights, from
+        `place(context)` = (example, chunk, outputs of its window delivered) of its stream; the lines that say
+        what changed and after how many steps the new weights take effect (none: nothing changed)."""
+        lines, states = [], self._saved()
+        for index, saved in enumerate(states):
+            context = tf.distribute.InputContext(self._count, index, num_replicas)
+            example, chunk, skip = place(context)
+            pipeline, message = resumed(self._pipeline, saved, context, example, chunk, skip,
+                                        per_step=outputs_per_step(self._pipeline, context))
+            self._pipelines[index] = pipeline
+            states[index] = pipeline.source.resume_state()
+            if message:
+                lines.append(message if self._count == 1 else f"input pipeline {index} of {self._count}: {message}")
+        self.segments.assign(json.dumps(states))
+        return lines
+
+    def pipeline(self, index: int) -> Pipeline:
+        """The pipeline of input pipeline `index`: its saved weights continued (after `resume`), else the config's."""
+        return self._pipelines.get(index, self._pipeline)
