@@ -23,7 +23,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.stages import last_position
+from tpu_pipeline.pipeline.stages import POSITION_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ def window_in_flight(pipeline: Any, context: tf.distribute.InputContext, start: 
     upto = pipeline.with_parts(pipeline.parts.until("windowed", inclusive=True))
     upto = dataclasses.replace(upto, check_tpu=False) if dataclasses.is_dataclass(upto) else upto
     stream = upto.build(context, start=start, chunk=chunk, with_position=True)
-    numbers = stream.map(lambda features, position: last_position(position)[:2]).batch(1024)
+    numbers = stream.map(lambda features, position: _window_starts(position)).unbatch().batch(1024)
     outputs = 0
     for block in numbers.as_numpy_iterator():
         moved = np.flatnonzero((block[:, 0] != start) | (block[:, 1] != chunk))
@@ -55,6 +55,13 @@ def window_in_flight(pipeline: Any, context: tf.distribute.InputContext, start: 
             return InFlight(example + (1 if piece else 0), outputs + int(moved[0]) - skip)
         outputs += len(block)
     return InFlight(None, outputs - skip)
+
+
+def _window_starts(position: dict) -> tf.Tensor:
+    """int64 [n, 2]: the (example, chunk) where the window of each output of an element starts (an element
+    may carry one output's position or a block of them: `stages.position_fields`)."""
+    hi, lo, chunk = (tf.cast(tf.reshape(position[key], [-1]), tf.int64) for key in POSITION_KEYS[:3])
+    return tf.stack([hi * (1 << 31) + lo, chunk], axis=1)
 
 
 def outputs_per_step(pipeline: Any, context: tf.distribute.InputContext, distributed: bool = True) -> int:
