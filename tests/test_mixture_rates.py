@@ -168,7 +168,13 @@ def test_train_reports_what_each_source_delivered_and_eval_loss_by_source(corpor
     matching = [k + 1 for k, (e, t) in enumerate(prefixes) if np.array_equal(e, got_examples) and np.array_equal(t, got_tokens)]
     assert matching and matching[0] >= steps, (got_examples, got_tokens, prefixes[steps - 1])
     assert [reported[name]["weight"] for name in NAMES] == pytest.approx(WEIGHTS)
-    assert sum(reported[name]["token_share"] for name in NAMES) == pytest.approx(1.0)
+    # Each share against the counts read off the delivered batches (the prefix the counts matched), value by value.
+    counted_examples, counted_tokens = prefixes[matching[0] - 1]
+    for index, name in enumerate(NAMES):
+        assert reported[name]["example_share"] == pytest.approx(counted_examples[index] / counted_examples.sum())
+        assert reported[name]["token_share"] == pytest.approx(counted_tokens[index] / counted_tokens.sum())
+    # The sources' documents differ in mean length: the two shares differ, so a swap shows.
+    assert np.abs(counted_examples / counted_examples.sum() - counted_tokens / counted_tokens.sum()).max() > 0.05
     assert any(line.startswith("epoch 1/1:") and "examples by source: web " in line for line in lines), lines
     assert any(line.startswith("trained on examples by source") for line in lines), lines
 
@@ -220,7 +226,12 @@ def test_demo_and_bench_print_the_shares_of_a_mixture(corpora, tmp_path):
         line = next(line for line in result.stdout.splitlines() if "examples by source: " in line)
         assert "web " in line and "(0.5)" in line and "books " in line and "(0.2)" in line, line
     sources = json.loads((tmp_path / "b.json").read_text())["sources"]
-    assert set(sources) == set(NAMES) and sum(part["token_share"] for part in sources.values()) == pytest.approx(1.0)
+    assert set(sources) == set(NAMES)
+    examples = {name: part["examples"] for name, part in sources.items()}
+    tokens = {name: part["tokens"] for name, part in sources.items()}
+    for name, part in sources.items():  # each share is of its own count
+        assert part["example_share"] == pytest.approx(examples[name] / sum(examples.values()))
+        assert part["token_share"] == pytest.approx(tokens[name] / sum(tokens.values()))
 
 
 def test_weight_by_tokens_holds_the_delivered_token_shares_to_the_weights(corpora):

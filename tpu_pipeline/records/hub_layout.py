@@ -20,6 +20,7 @@ Class names come from the `huggingface` key of the Parquet schema metadata, or `
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import os
 import re
@@ -56,16 +57,21 @@ class Layout:
 
 
 def _is_hidden(relative: str) -> bool:
-    return any(part.startswith((".", "_")) for part in relative.split("/"))
+    """What `datasets` leaves out unless a pattern names it (datasets/data_files.py, `resolve_pattern`): a file or
+    folder whose name starts with a dot, or a file inside a folder whose name starts with a double underscore
+    (`__pycache__`). A single underscore (`_part.parquet`) is data."""
+    parts = relative.split("/")
+    return any(part.startswith(".") for part in parts) or any(part.startswith("__") for part in parts[:-1])
 
 
-def _walk(root: str, suffix: str) -> list[str]:
-    """Files ending in `suffix` under `root`, as sorted paths relative to it (hidden ones left out)."""
+def _walk(root: str, suffix: str, hidden: bool = False) -> list[str]:
+    """Files ending in `suffix` under `root`, as sorted paths relative to it (hidden ones left out, unless
+    `hidden`: a README's patterns may name them)."""
     found = []
     for parent, _, names in tf.io.gfile.walk(root):
         for name in names:
             relative = os.path.relpath(tf.io.gfile.join(parent, name), root).replace(os.sep, "/")
-            if name.endswith(suffix) and not _is_hidden(relative):
+            if name.endswith(suffix) and (hidden or not _is_hidden(relative)):
                 found.append(relative)
     return sorted(found)
 
@@ -138,11 +144,50 @@ def _readme_configs(root: str) -> Optional[list[dict[str, Any]]]:
 
 
 def _glob(root: str, files: list[str], pattern: str) -> list[str]:
-    """Files matching a hub data_files pattern (`**` crosses folders, `*` does not)."""
-    regex = re.escape(pattern.strip("/")).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
-    regex = regex.replace(r"\?", "[^/]").replace(r"\[", "[").replace(r"\]", "]")
-    compiled = re.compile(f"^{regex}$")
-    return [f for f in files if compiled.match(f)]
+    """The files a hub `data_files` pattern matches, as `datasets` resolves it (datasets/data_files.py,
+    `resolve_pattern`: fsspec's glob, `fsspec.utils.glob_translate`, which is CPython's `glob.translate` with
+    recursive=True and "/" as the only separator):
+
+    - `*`, `?` and `[...]` (`[!...]`: not those) match within one folder or file name, never across a `/`:
+      `*.parquet` is the files at the top, not those of a sub-folder (another config's);
+    - `**` as a whole path component matches any number of folders (`data/**`, `**/*.parquet`); anywhere else
+      (`**.parquet`) the pattern is invalid, and datasets refuses it;
+    - a hidden name (`.x`) matches only where the pattern names a hidden part there too, and a file under a
+      `__special` folder only where the pattern names such a folder (`_unrequested`).
+    """
+    wanted = [part for part in pattern.strip("/").split("/") if part not in ("", ".")]
+    if any("**" in part and part != "**" for part in wanted):
+        raise DataError(f"{root}/README.md: data_files pattern {pattern!r}: '**' can only be a whole path component "
+                        "(data/**, **/*.parquet), as datasets requires; fix the pattern")
+    return [f for f in files if _matches(wanted, f.split("/")) and not _unrequested(f, wanted)]
+
+
+def _matches(pattern: list[str], parts: list[str]) -> bool:
+    """`parts` (a file's path) matched by `pattern`, component by component; `**` spans any number of them
+    (at the end, at least one: it names files)."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        if not rest:
+            return bool(parts)
+        return any(_matches(rest, parts[skip:]) for skip in range(len(parts)))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _matches(rest, parts[1:])
+
+
+def _unrequested(path: str, pattern: list[str]) -> bool:
+    """datasets' two exclusions (`_is_unrequested_hidden_file_or_is_inside_unrequested_hidden_dir`,
+    `_is_inside_unrequested_special_dir`): the path has more hidden parts than the pattern names, or more
+    `__` folders."""
+    parts = path.split("/")
+
+    def hidden(names: list[str]) -> int:
+        return sum(1 for name in names if name.startswith(".") and set(name) != {"."})
+
+    def special(names: list[str]) -> int:
+        return sum(1 for name in names[:-1] if name.startswith("__"))
+
+    return hidden(parts) != hidden(pattern) or special(parts) != special(pattern)
 
 
 def _from_readme(root: str, configs: list[dict[str, Any]], config: Optional[str], files: list[str]) -> Layout:
@@ -223,7 +268,7 @@ def find_parquet(path: str, config: Optional[str]) -> Layout:
         raise DataError(f"parquet: {path} holds no *.parquet file")
     configs = _readme_configs(path)
     if configs is not None:
-        return _from_readme(path, configs, config, files)
+        return _from_readme(path, configs, config, _walk(path, ".parquet", hidden=True))
     by_folder = _configs_by_folder(files)
     if by_folder is not None:
         if config is None:
