@@ -67,7 +67,8 @@ def _window_starts(position: dict) -> tf.Tensor:
 def outputs_per_step(pipeline: Any, context: tf.distribute.InputContext, distributed: bool = True) -> int:
     """The windowed stage's outputs one step (`distributed`: of a strategy; else one batch of this input
     pipeline) takes: pack's rows are batched after it; bucket's outputs are batches already."""
-    if pipeline.windowed is not None and getattr(pipeline.windowed, "mode_name", "") == "bucket":
+    mode = pipeline.sequence_mode if pipeline.windowed is not None else None
+    if mode is not None and mode.windowed_outputs_are_batches:
         return max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines)) if distributed else 1
     return pipeline.examples_per_step(context) if distributed else pipeline.examples_per_batch(context)
 
@@ -91,7 +92,7 @@ def resumed(pipeline: Any, state: Optional[str], context: tf.distribute.InputCon
         length = saved.stream_length(context) if hasattr(saved, "stream_length") else None
         end = start if length is None else max(start, length)
     steps = -(-max(0, flight.outputs) // max(1, per_step))
-    what = "row" if getattr(pipeline.windowed, "mode_name", "") == "pack" else "output"
+    what = pipeline.sequence_mode.windowed_output if pipeline.windowed is not None else "output"
     what += "" if flight.outputs == 1 else "s"
     steps_of = f"{steps} {step_name}(s)" if step_name == "step" else f"{steps} {step_name}(es)"
 

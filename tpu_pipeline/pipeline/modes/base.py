@@ -57,6 +57,10 @@ class SequenceMode(abc.ABC):
     weights_key: ClassVar[str] = "targets_mask"  # per-token weights of an lm_shift stream's targets
     length_varies: ClassVar[bool] = False  # batches of different lengths (one compile per length)
     row_name: ClassVar[str] = ""  # what a batch row is when not an example (bench's wording), e.g. "packed rows"
+    # The windowed stage's outputs (bucket, pack): whole batches (bucket), or what a batch is made of, and
+    # their name in the line that says when new mixture weights take effect.
+    windowed_outputs_are_batches: ClassVar[bool] = False
+    windowed_output: ClassVar[str] = "output"
     # The doctor's advice on raising the share of slots that hold tokens:
     packs_denser: ClassVar[bool] = True  # packing would fill more of the slots than this mode
     shorter_length_helps: ClassVar[bool] = False  # a shorter length (pad: examples cut) fills more

@@ -27,6 +27,7 @@ def _cut_to_length(features: dict, seed: Any = None, *, lengths: dict, batched: 
 
 class BucketMode(SequenceMode):
     name = "bucket"
+    windowed_outputs_are_batches = True
     length_varies = True
 
     def plan(self, request: PlanRequest) -> tuple[SequencePlan, str]:

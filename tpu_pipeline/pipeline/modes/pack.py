@@ -15,6 +15,7 @@ class PackMode(SequenceMode):
     name = "pack"
     weights_key = "targets_segment_ids"
     row_name = "packed rows"
+    windowed_output = "row"
     packs_denser = False
     wider_window_helps = True
 
