@@ -218,12 +218,17 @@ def evaluated_demo(tmp_path_factory) -> str:
                                num_shards=4)
 
 
-def test_sigterm_mid_epoch_saves_writes_the_metrics_so_far_and_exits_without_evaluating(evaluated_demo, tmp_path):
+def evaluating_child(data_dir: str, tmp_path) -> tuple[str, str, list[str]]:
+    """(run_dir, out_dir, the child's command) for a run that validates every epoch."""
     run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
     os.makedirs(out_dir)
     config_path = str(tmp_path / "config.json")
-    json.dump(evaluating_config(evaluated_demo, run_dir), open(config_path, "w"))
-    command = [sys.executable, CHILD, "train", config_path, out_dir]
+    json.dump(evaluating_config(data_dir, run_dir), open(config_path, "w"))
+    return run_dir, out_dir, [sys.executable, CHILD, "train", config_path, out_dir]
+
+
+def test_sigterm_mid_epoch_saves_writes_the_metrics_so_far_and_exits_without_evaluating(evaluated_demo, tmp_path):
+    run_dir, out_dir, command = evaluating_child(evaluated_demo, tmp_path)
     result = interrupt(command, out_dir, 8 + 3, signal.SIGTERM)  # into epoch 2, after epoch 1's validation
     assert result.returncode == 143, result.stdout[-3000:]
     events = read_events(out_dir)
@@ -242,11 +247,7 @@ def test_sigterm_mid_epoch_saves_writes_the_metrics_so_far_and_exits_without_eva
 
 
 def test_sigterm_during_a_validation_ends_it_and_the_epoch_counts_as_trained(evaluated_demo, tmp_path):
-    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
-    os.makedirs(out_dir)
-    config_path = str(tmp_path / "config.json")
-    json.dump(evaluating_config(evaluated_demo, run_dir), open(config_path, "w"))
-    command = [sys.executable, CHILD, "train", config_path, out_dir]
+    run_dir, out_dir, command = evaluating_child(evaluated_demo, tmp_path)
     env = {**ENV, "EVAL_STEP_SECONDS": "0.3"}  # a validation of 8 steps takes 2.4 s at least
     child = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
