@@ -2,6 +2,19 @@
 
     .venv/bin/python benchmarks/bench_sequences.py --rounds 3 --seconds 2
     .venv/bin/python benchmarks/bench_sequences.py --workloads long@1024,text@1024 --skip "ours bucket"
+    git worktree add /tmp/aa97487 aa97487      # once: another commit, beside this one
+    .venv/bin/python benchmarks/bench_sequences.py --against /tmp/aa97487 --rounds 7 --seconds 3 --warmup 2
+
+--against TREE: our pack mode (this checkout), the same config built by TREE's `tpu_pipeline` (a worktree
+of another commit) and seqio's packer, on each workload, each pipeline in a fresh process of its own
+(`pack_child.py`; PYTHONPATH names the tree it imports), in a rotated order every round. The config
+is a user's: pack, overflow truncate, every other key at its default (records shuffled, and rows
+where the tree shuffles them); batches of 64 rows (docs@256: 32, as issue 37 measured). Printed:
+each round with the load average, then per pipeline real tokens per second and CPU milliseconds
+(the process's, all threads) per 1,000 real tokens, and the ratios to TREE and to seqio within each
+round as median (worst–best) over the rounds: the spread is this shared machine's noise. A last
+table sums up every workload. Run it with .venv-tpu/bin/python for the TPU TensorFlow (its children
+use the same interpreter).
 
 Every pipeline reads the SAME TFRecord files (benchmarks/sequence_workloads.py: tf.Examples with one
 variable-length int64 `tokens` feature, generated once under $TPU_PIPELINE_CACHE/bench), parses them
@@ -50,6 +63,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any, Callable
@@ -75,7 +89,9 @@ WORKLOADS = {  # name: (files, row length)
     "long@2048": ("seq_long", 2048),
     "short@128": ("seq_short", 128),
     "text@1024": ("seq_text", 1024),
+    "docs@256": ("seq_docs", 256),
 }
+AGAINST_BATCH = {"docs@256": 32}  # --against: rows a batch where not BATCH (issue 37 measured docs@256 at 32)
 SEQIO = "seqio pack"
 PAD_TFM = "pad (tfm)"
 PARSE = "parse only"
@@ -186,9 +202,9 @@ def tf_bucket(pattern: str, length: int) -> tf.data.Dataset:
     return dataset.prefetch(AUTO)
 
 
-def seqio_pack(seqio_utils: Any, pattern: str, length: int) -> tf.data.Dataset:
+def seqio_pack(seqio_utils: Any, pattern: str, length: int, batch: int = BATCH) -> tf.data.Dataset:
     dataset = records(pattern).map(lambda record: {KEY: parse_one(record) + 1}, num_parallel_calls=AUTO)
-    return seqio_utils.trim_and_pack_dataset(dataset, {KEY: length}).batch(BATCH, drop_remainder=True).prefetch(AUTO)
+    return seqio_utils.trim_and_pack_dataset(dataset, {KEY: length}).batch(batch, drop_remainder=True).prefetch(AUTO)
 
 
 def concat_split(pattern: str, length: int) -> tf.data.Dataset:
@@ -353,6 +369,107 @@ def print_table(result: dict) -> None:
         print(line, flush=True)
 
 
+# --- --against: our pack mode beside another commit's and seqio's, each in a process of its own -------
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pack_child.py")
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def commit_of(tree: str) -> str:
+    """The short commit of a checkout, with '+' when its tracked files differ from it."""
+    def git(*command: str) -> str:
+        return subprocess.run(["git", "-C", tree, *command], capture_output=True, text=True).stdout.strip()
+    return (git("rev-parse", "--short", "HEAD") or os.path.basename(tree)) + ("+" if git("status", "--short", "-uno") else "")
+
+
+def run_child(tree: str, pipeline: str, files: str, length: int, batch: int, args: argparse.Namespace) -> dict:
+    """pack_child.py in a fresh process importing `tree`'s tpu_pipeline; its measurement, with rates."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, CHILD, "--pipeline", pipeline, "--files", files, "--length", str(length),
+               "--batch", str(batch), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise SystemExit(f"{pipeline} in {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    out = json.loads(lines[-1])
+    if os.path.realpath(out["tree"]) != os.path.realpath(tree):
+        raise SystemExit(f"the child meant to measure {tree} imported tpu_pipeline from {out['tree']}")
+    real = max(out["real"], 1)
+    return {**out, "tok_s": out["real"] / out["seconds"], "tok_cpu_s": out["real"] / max(out["cpu"], 1e-9),
+            "ms_1k": out["cpu"] / real * 1e6, "fill": out["real"] / max(out["slots"], 1)}
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """median (worst–best): the worst is the lowest."""
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def against(args: argparse.Namespace) -> None:
+    """Each workload: ours (this tree), theirs (--against's tree) and seqio, a process each, in rotated
+    order every round; ratios within a round, then median (worst–best) over the rounds."""
+    theirs_tree = os.path.abspath(args.against)
+    ours_name, theirs_name = f"ours ({commit_of(HERE)})", commit_of(theirs_tree)
+    have_seqio = import_seqio_utils() is not None
+    entries = [(ours_name, HERE, "ours"), (theirs_name, theirs_tree, "ours")] + (
+        [(SEQIO, HERE, "seqio")] if have_seqio else [])
+    print(f"--against {theirs_tree}: {ours_name} vs {theirs_name}" + ("" if have_seqio else " (no seqio: not installed)")
+          + f"; {sys.executable}, TF {tf.__version__}, {os.cpu_count()} CPUs; {args.rounds} rounds, each pipeline a "
+          f"process of its own: {args.warmup} s warm-up + ~{args.seconds} s timed; CPU = the process's, all threads")
+    summary = []
+    for workload in args.workloads.split(","):
+        name, length = WORKLOADS[workload]
+        meta = sequence_workloads.ensure(name, args.cache_dir)
+        files = os.path.join(meta["dir"], "train-*.tfrecord")
+        batch = AGAINST_BATCH.get(workload, BATCH)
+        stats = meta["lengths"]
+        shortest = f"{stats['min']}–" if "min" in stats else "up to "
+        print(f"\n== {workload}: {stats['examples']} documents ({name}) of {shortest}{stats['max']} tokens (median "
+              f"{stats['median']:.0f}), rows of {length}, batches of {batch}; pack, overflow truncate, "
+              "shuffle on (the defaults) ==", flush=True)
+        rounds: list[dict] = []
+        for index in range(args.rounds):
+            order = entries[index % len(entries):] + entries[:index % len(entries)]
+            load = os.getloadavg()[0]
+            results = {label: run_child(tree, pipeline, files, length, batch, args) for label, tree, pipeline in order}
+            rounds.append(results)
+            print(f"  round {index + 1} (load average {load:.2f} → {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores): "
+                  + ", ".join(f"{label} {results[label]['tok_s'] / 1e6:.2f} M tok/s, {results[label]['ms_1k']:.4f} ms "
+                              f"CPU/1k" for label, _, _ in entries), flush=True)
+        labels = [label for label, _, _ in entries]
+
+        def ratios(a: str, b: str, field: str) -> list[float]:
+            return [r[a][field] / r[b][field] for r in rounds]
+
+        print(f"  {'pipeline':22s} {'non-pad':>7s} {'M tok/s':>19s} {'CPU ms / 1k tok':>25s} | "
+              f"{'tok/s ÷ ' + theirs_name:>22s} {'tok/CPU-s ÷ ' + theirs_name:>24s} | {'tok/s ÷ seqio':>22s} "
+              f"{'tok/CPU-s ÷ seqio':>22s}")
+        for label in labels:
+            row = (f"  {label:22s} {statistics.median(r[label]['fill'] for r in rounds):7.3f} "
+                   f"{spread([r[label]['tok_s'] / 1e6 for r in rounds]):>19s} "
+                   f"{spread([r[label]['ms_1k'] for r in rounds], 4):>25s} | ")
+            row += (f"{spread(ratios(label, theirs_name, 'tok_s')):>22s} {spread(ratios(label, theirs_name, 'tok_cpu_s')):>24s}"
+                    if label != theirs_name else f"{'-':>22s} {'-':>24s}")
+            row += (f" | {spread(ratios(label, SEQIO, 'tok_s')):>22s} {spread(ratios(label, SEQIO, 'tok_cpu_s')):>22s}"
+                    if have_seqio and label != SEQIO else f" | {'-':>22s} {'-':>22s}")
+            print(row, flush=True)
+        summary.append((workload, rounds))
+    print(f"\nsummary: {ours_name} ÷ {theirs_name} and ÷ seqio, median (worst–best) over {args.rounds} rounds")
+    print(f"  {'workload':10s} {'non-pad ours/theirs' + ('/seqio' if have_seqio else ''):>26s} "
+          f"{'tok/CPU-s ÷ ' + theirs_name:>24s} {'tok/s ÷ ' + theirs_name:>22s}"
+          + (f" {'tok/s ÷ seqio':>22s} {'tok/CPU-s ÷ seqio':>22s}" if have_seqio else ""))
+    for workload, rounds in summary:
+        fills = "/".join(f"{statistics.median(r[label]['fill'] for r in rounds):.3f}" for label, _, _ in entries)
+        line = (f"  {workload:10s} {fills:>26s} {spread([r[ours_name]['tok_cpu_s'] / r[theirs_name]['tok_cpu_s'] for r in rounds]):>24s} "
+                f"{spread([r[ours_name]['tok_s'] / r[theirs_name]['tok_s'] for r in rounds]):>22s}")
+        if have_seqio:
+            line += (f" {spread([r[ours_name]['tok_s'] / r[SEQIO]['tok_s'] for r in rounds], 1):>22s}"
+                     f" {spread([r[ours_name]['tok_cpu_s'] / r[SEQIO]['tok_cpu_s'] for r in rounds], 1):>22s}")
+        print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"ours": ours_name, "theirs": theirs_name, "workloads": dict(summary)}, handle, indent=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -363,7 +480,13 @@ def main() -> None:
     parser.add_argument("--cache_dir", default=None)
     parser.add_argument("--json", default=None, help="write every measurement here")
     parser.add_argument("--report", default=None, help="print the tables of a --json file again; measure nothing")
+    parser.add_argument("--against", default=None, metavar="TREE",
+                        help="a checkout of another commit (git worktree add /tmp/aa97487 aa97487): our pack mode, "
+                             "that tree's and seqio's, each in a process of its own, side by side (pack_child.py)")
     args = parser.parse_args()
+    if args.against:
+        against(args)
+        return
     if args.report:
         with open(args.report) as handle:
             for result in json.load(handle):

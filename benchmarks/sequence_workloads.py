@@ -5,6 +5,8 @@
   seq_long   32768 documents, lognormal lengths (median 300 tokens, sigma 1.0: mean ~500, ~11% over
              1024, ~3% over 2048), ids uniform in [0, 32000)
   seq_short  131072 sentences, lognormal lengths (median 12 tokens, sigma 0.6: mean ~14, max ~200), same ids
+  seq_docs   3000 documents of 3-256 tokens (uniform), same ids: a short corpus whose documents all fit
+             a row of 256 (issue 37's measurement; an epoch is ~0.4M tokens)
   seq_text   the CPython documentation that ships with every Python (`pydoc_data.topics`), split
              into paragraphs at blank lines, byte-tokenized as the tokenize_bytes op does (UTF-8
              bytes + 3); topics in sorted order, paragraphs in document order (2608 paragraphs,
@@ -41,12 +43,16 @@ SYNTHETIC = {  # name: (examples, lognormal median, sigma)
     "seq_long": (32_768, 300, 1.0),
     "seq_short": (131_072, 12, 0.6),
 }
-NAMES = ("seq_long", "seq_short", "seq_text")
+UNIFORM = {"seq_docs": (3_000, 3, 256)}  # name: (examples, fewest tokens, most tokens)
+NAMES = ("seq_long", "seq_short", "seq_text", "seq_docs")
 
 
 def synthetic_lengths(name: str, seed: int = 0) -> tuple[np.random.Generator, np.ndarray]:
-    count, median, sigma = SYNTHETIC[name]
     rng = np.random.default_rng(seed)
+    if name in UNIFORM:
+        count, low, high = UNIFORM[name]
+        return rng, rng.integers(low, high + 1, count, dtype=np.int64)
+    count, median, sigma = SYNTHETIC[name]
     return rng, np.maximum(1, rng.lognormal(math.log(median), sigma, count).astype(np.int64))
 
 
@@ -91,7 +97,7 @@ def ensure(name: str, cache_dir: str | None = None) -> dict:
         split = write_split(records(), out_dir, "train", SHARDS)
         array = np.array(lengths)
         stats = {"examples": len(lengths), "tokens": int(array.sum()), "median": float(np.median(array)),
-                 "mean": float(array.mean()), "max": int(array.max()),
+                 "mean": float(array.mean()), "min": int(array.min()), "max": int(array.max()),
                  "kept": {str(n): int(np.minimum(array, n).sum()) for n in (128, 256, 512, 1024, 2048, 4096)},
                  "over": {str(n): float((array > n).mean()) for n in (128, 256, 512, 1024, 2048, 4096)}}
         write_metadata(out_dir, {"name": name, "source": "benchmarks/sequence_workloads.py",
