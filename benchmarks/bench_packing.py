@@ -1,6 +1,7 @@
 """Sequence packing: our Packer stage against seqio's trim_and_pack_dataset, side by side.
 
     .venv/bin/python benchmarks/bench_packing.py [--rounds 3 --seconds 1.0 --workloads long,short]
+    PYTHONPATH=/tmp/aa97487 .venv/bin/python benchmarks/bench_packing.py --alone --windows 1024   # another commit's packer
 
 Workloads (pre-generated int32 token ids held in memory, `from_tensor_slices` of a RaggedTensor,
 so only packing is measured):
@@ -191,9 +192,14 @@ def pack_alone(examples: tf.RaggedTensor, length: int, windows: list[int], secon
         print(f"{window:8d} " + " ".join(f"{c:8.2f}" for c in cells[:-1]) + f" {cells[-1]:15.2f}", flush=True)
 
 
-def bench_workload(name: str, rounds: int, seconds: float, windows: list[int], seqio_utils) -> None:
+def bench_workload(name: str, rounds: int, seconds: float, windows: list[int], seqio_utils,
+                   alone: bool = False) -> None:
     median, sigma, length, count = WORKLOADS[name]
     examples = make_examples(median, sigma, count)
+    if alone:
+        print(f"\n== {name}: rows of {length} ==", flush=True)
+        pack_alone(examples, length, windows, seconds)
+        return
     lengths = examples.row_lengths().numpy()
     kept = np.minimum(lengths, length)
     print(f"\n== {name}: {count} examples, lognormal median {median} sigma {sigma}, mean {lengths.mean():.0f}, "
@@ -236,6 +242,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="about how long one measurement runs")
     parser.add_argument("--workloads", default="long,short")
     parser.add_argument("--windows", default="64,256,1024")
+    parser.add_argument("--alone", action="store_true", help="only the last table: pack_window alone, XLA on and off "
+                        "(PYTHONPATH=<a worktree> times another commit's)")
     args = parser.parse_args()
     seqio_utils = import_seqio_utils()
     if seqio_utils is None:
@@ -243,7 +251,7 @@ def main() -> None:
     windows = [int(w) for w in args.windows.split(",")]
     print(f"TF {tf.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for name in args.workloads.split(","):
-        bench_workload(name, args.rounds, args.seconds, windows, seqio_utils)
+        bench_workload(name, args.rounds, args.seconds, windows, seqio_utils, args.alone)
 
 
 if __name__ == "__main__":

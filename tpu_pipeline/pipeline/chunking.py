@@ -15,8 +15,9 @@ from any (example, chunk) on are the same, whatever block boundaries the parse u
     windows = chunks.rebatch(1024)       # W chunks a window: ≤ 1024 × 256 tokens per key
 
 Elements come in blocks (ragged [n, None] per key, with `EXAMPLE` and `CHUNK` int64 [n]) and
-never one chunk per element: tf.data's cost is per element (`Dataset.rebatch` cuts windows
-from blocks as they come).
+never one chunk per element: tf.data's cost is per element. The packer cuts its windows the
+cheaper way, from blocks of plain tensors (`parts=True`, `window_stream`, `from_parts`): the same
+windows as `rebatch` makes.
 """
 from __future__ import annotations
 
@@ -99,18 +100,42 @@ def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], 
             first = tf.cast(tf.size(r.flat_values, tf.int64) - tf.reduce_sum(size), tf.int64)
             out[key] = tf.RaggedTensor.from_row_lengths(r.flat_values[first:], size)
         else:
-            start = tf.gather(tf.cast(r.row_starts(), tf.int64), example) + skipped
-            index = tf.ragged.range(start, start + size)
-            out[key] = tf.RaggedTensor.from_row_splits(tf.gather(r.flat_values, index.flat_values), index.row_splits)
+            out[key] = _heads(r, example, skipped, size)
     return out
 
 
+def _heads(ragged: tf.RaggedTensor, example: tf.Tensor, skipped: tf.Tensor, size: tf.Tensor) -> tf.RaggedTensor:
+    """Chunk i: tokens [skipped_i, skipped_i + size_i) of row example_i (truncate, error: one chunk an
+    example at most, so `skipped` is 0 but for a resume).
+
+    The chunks are runs of the block's values in order, and what lies between them (a cut tail, a chunk
+    left out on resume) is rare: the values split at those gaps only, and the runs between gaps copied
+    whole (`tf.gather` of a ragged tensor's rows copies each row as one range). A gather of every token by
+    its index reads an index per token besides; with no gap at all (documents that fit a row), nothing is copied.
+    """
+    values = ragged.flat_values
+    first = tf.gather(tf.cast(ragged.row_starts(), tf.int64), example) + skipped  # [n] each chunk's first token
+    last = first + size
+    total = tf.size(values, tf.int64)
+    following = tf.concat([first[1:], [total]], 0)  # where the next chunk (or the block's end) starts
+    gap = following > last  # a gap after chunk i
+    lead = tf.concat([first[:1], [total]], 0)[0]  # tokens before the first chunk (all of them without chunks)
+    # Runs: [0, lead) left out, then kept and left out in turn: [lead, last_i) kept, [last_i, following_i) left out...
+    pairs = tf.reshape(tf.stack([tf.boolean_mask(last, gap), tf.boolean_mask(following, gap)], axis=1), [-1])
+    bounds = tf.concat([[0, lead], pairs, [total]], 0)
+    runs = tf.RaggedTensor.from_row_splits(values, bounds, validate=False)
+    kept = tf.gather(runs, tf.range(1, tf.size(bounds, tf.int64) - 1, 2)).flat_values
+    splits = tf.concat([[0], tf.cumsum(size)], 0)
+    return tf.RaggedTensor.from_row_splits(kept, splits, validate=False)
+
+
 def chunk_stream(dataset: tf.data.Dataset, keys: Sequence[str], lengths: Mapping[str, int], overflow: str,
-                 start_example: int = 0, start_chunk: int = 0, carried: Sequence[str] = ()) -> tf.data.Dataset:
+                 start_example: int = 0, start_chunk: int = 0, carried: Sequence[str] = (),
+                 parts: bool = False) -> tf.data.Dataset:
     """`dataset`'s examples (single, or blocks) as blocks of chunks numbered from `start_example`.
 
     `dataset` must start at example `start_example` of the stream; its first `start_chunk` chunks
-    are left out.
+    are left out. `parts`: each block as `as_parts` gives it (what `window_stream` takes).
     """
     blocks = as_blocks(dataset, keys)
     kept = list(keys)
@@ -121,5 +146,84 @@ def chunk_stream(dataset: tf.data.Dataset, keys: Sequence[str], lengths: Mapping
 
     # One scan step per block (not per example): the block's first example number.
     numbered = blocks.scan(tf.constant(start_example, tf.int64), number)
-    return numbered.map(lambda first, block: chunk_block(block, first, kept, lengths, overflow, start_example,
-                                                         start_chunk, carried), name="chunk")
+    def chunk(first: tf.Tensor, block: Features) -> Features:
+        chunks = chunk_block(block, first, kept, lengths, overflow, start_example, start_chunk, carried)
+        return as_parts(chunks, kept) if parts else chunks
+
+    return numbered.map(chunk, name="chunk")
+
+
+_LENGTHS = "_lengths"  # a key's chunk lengths beside its values, in `as_parts`
+_CHUNKS = "_chunks"  # window_stream: where windows start and stop, in chunks
+
+
+def as_parts(chunks: Features, keys: Sequence[str]) -> dict[str, tf.Tensor]:
+    """A block (or window) of chunks as plain tensors: each key's values and its chunk lengths
+    (`<key>_lengths`, int64), each per-chunk feature as it is. Between tf.data stages a ragged element
+    travels encoded as a variant (a copy of its tokens each way); plain tensors travel as they are."""
+    out = {name: value for name, value in chunks.items() if name not in keys}
+    for key in keys:
+        out[key] = chunks[key].flat_values
+        out[key + _LENGTHS] = tf.cast(chunks[key].row_lengths(), tf.int64)
+    return out
+
+
+def from_parts(parts: Mapping[str, tf.Tensor], keys: Sequence[str]) -> Features:
+    """`as_parts` undone: each key a ragged [n, None] again (no copy)."""
+    lengths = {key + _LENGTHS for key in keys}
+    out = {name: value for name, value in parts.items() if name not in lengths}
+    for key in keys:
+        out[key] = tf.RaggedTensor.from_row_lengths(parts[key], parts[key + _LENGTHS], validate=False)
+    return out
+
+
+def window_stream(chunks: tf.data.Dataset, keys: Sequence[str], window: int) -> tf.data.Dataset:
+    """Blocks of chunks as parts (`chunk_stream(..., parts=True)`) cut into windows of `window` chunks
+    (the last one partial where the stream ends), each as parts: `from_parts` gives the elements of
+    `chunk_stream(...).rebatch(window)`, in the same order.
+
+    How: a `scan` joins what the last block left over to the next block and gives the joined parts with
+    where the whole windows among them start and stop; each window is then one element holding the
+    joined parts (tensors pass between tf.data stages by reference) and cut from them by slicing. Tokens
+    are copied about twice (the join, the cut), never one chunk at a time: `rebatch` of ragged blocks
+    encodes and decodes every chunk as a variant, and even a ragged batch of whole windows copies its
+    tokens one at a time. A last element marks the end of a finite stream, where the leftover leaves as the partial last
+    window.
+    """
+    keys = list(keys)
+    spec = chunks.element_spec
+    names = list(spec)
+    features = [name for name in names if name not in {*keys, *(key + _LENGTHS for key in keys)}]  # [n] each
+
+    def empty() -> dict[str, tf.Tensor]:
+        return {name: tf.zeros([0], spec[name].dtype) for name in names}
+
+    end = tf.data.Dataset.from_tensors((empty(), True))
+    marked = chunks.map(lambda block: (block, False)).concatenate(end)
+
+    def cut(left: dict, element: tuple) -> tuple[dict, tuple[dict, dict]]:
+        block, last = element
+        joined = {name: tf.concat([left[name], block[name]], 0) for name in names}
+        count = tf.size(joined[EXAMPLE], tf.int64)
+        emit = tf.where(last, count, count // window * window)  # chunks that leave now
+        bounds = {_CHUNKS: tf.concat([tf.range(0, emit, window), [emit]], 0)}  # of the windows that leave
+        rest = {name: joined[name][emit:] for name in features}
+        for key in keys:
+            lengths = joined[key + _LENGTHS]
+            bounds[key] = tf.gather(tf.concat([tf.zeros([1], tf.int64), tf.cumsum(lengths)], 0), bounds[_CHUNKS])
+            rest[key], rest[key + _LENGTHS] = joined[key][bounds[key][-1]:], lengths[emit:]
+        return rest, (joined, bounds)
+
+    def windows(joined: dict, bounds: dict) -> tf.data.Dataset:
+        spans = tf.data.Dataset.from_tensor_slices({name: (value[:-1], value[1:]) for name, value in bounds.items()})
+        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(joined).repeat(), spans))
+
+    def one(joined: dict, span: dict) -> dict[str, tf.Tensor]:
+        first, stop = span[_CHUNKS]
+        out = {name: joined[name][first:stop] for name in features}
+        for key in keys:
+            out[key] = joined[key][span[key][0]:span[key][1]]
+            out[key + _LENGTHS] = joined[key + _LENGTHS][first:stop]
+        return out
+
+    return marked.scan(empty(), cut).flat_map(windows).map(one, name="window")

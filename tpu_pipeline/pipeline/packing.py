@@ -17,10 +17,12 @@ examples: a resumable iterator needs only (examples consumed by finished windows
 delivered from the current one) and replays at most one window (the `_row`/`_window_*` outputs).
 
 Cost: placement (`placement.place`) is sequential per item: a `tf.while_loop` over the window's
-items, each step one vectorized search of the remaining room of all rows, compiled by XLA (~1-2 µs
-an item; TF's executor takes ~20-50 µs a step). Everything else is vectorized over the window, and
-the rows are written as one row-major stream per key (`tf.ragged.range` + one `gather`, no scatter).
-See benchmarks/bench_packing.py.
+items, each step one vectorized search of the remaining room of all rows, compiled by XLA (the whole of
+`pack_window` ~1.2-3.3 µs an item; on TF's executor, where there is no XLA for the CPU, ~5-15 µs:
+`bench_packing.py --alone`). Everything else is
+vectorized over the window, and the rows are written as one row-major stream per key
+(`tf.ragged.range` + one `gather`, no scatter). See benchmarks/bench_packing.py and
+benchmarks/README.md (issue 37).
 """
 from __future__ import annotations
 
@@ -113,7 +115,8 @@ class _Layout:
     The rows are written as one stream of R * length slots per key: each row's items, then one
     padding "item" filling the row. Slot order is row-major, so the stream reshapes to [R, length]
     with no scatter (TF's CPU scatter costs ~100 ns an index here; a gather of contiguous runs and
-    `tf.ragged.range` cost a few).
+    `tf.ragged.range` cost a few). (Measured for issue 37: copying each item's run whole with a ragged
+    gather, then padding the rows with `to_tensor`, cost more in a pipeline than this one gather.)
     """
 
     group: tf.Tensor  # [N] grouped position -> placement index
@@ -137,15 +140,22 @@ def _layout(rows: tf.Tensor) -> _Layout:
                    item_slots=tf.range(count) + row, pad_slots=tf.cumsum(per_row) + tf.range(num_rows))
 
 
+def _stride(limit: int) -> int:
+    """The smallest power of two >= limit: a slot's segment and position share one integer,
+    segment * stride + position, that shifts and masks take apart (cheaper than an integer division)."""
+    return 1 << max(0, int(limit) - 1).bit_length()
+
+
 def _rows_of_key(values: tf.Tensor, source: tf.Tensor, size: tf.Tensor, layout: _Layout, limit: int,
                  most_segments: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """One key's [R, limit] tokens, segment ids and positions, for grouped items of `size` tokens
     starting at `source` in `values`.
 
     Item runs read their tokens; padding runs read `limit` zeros appended to `values`. Segment and
-    position come from one range per run: segment * limit + position for an item's tokens (its
-    size is at most `limit`), negative (clamped to 0) for padding; in int64 when `most_segments`
-    (a bound on a row's segments: the sum of all keys' lengths) times `limit` would not fit int32.
+    position come from one range per run: segment * stride + position for an item's tokens (stride:
+    `_stride`, a power of two >= limit, so a shift and a mask take them apart, not a division and a
+    remainder), negative (clamped to 0) for padding; in int64 when `most_segments`
+    (a bound on a row's segments: the sum of all keys' lengths) times the stride would not fit int32.
     """
     padding = limit - tf.math.unsorted_segment_sum(size, layout.row, layout.num_rows)
     slots = [layout.item_slots, layout.pad_slots]
@@ -153,10 +163,13 @@ def _rows_of_key(values: tf.Tensor, source: tf.Tensor, size: tf.Tensor, layout: 
     run_source = tf.dynamic_stitch(slots, [source, tf.fill([layout.num_rows], tf.size(values, tf.int32))])
     index = tf.ragged.range(run_source, run_source + run_size).flat_values
     tokens = tf.gather(tf.concat([values, tf.zeros([limit], values.dtype)], 0), index)
-    wide = tf.int64 if (most_segments + 1) * limit >= 1 << 31 else tf.int32
-    run_code = tf.dynamic_stitch(slots, [tf.cast(layout.segment, wide) * limit, -tf.cast(padding, wide)])
+    stride = _stride(limit)
+    wide = tf.int64 if (most_segments + 1) * stride >= 1 << 31 else tf.int32
+    run_code = tf.dynamic_stitch(slots, [tf.cast(layout.segment, wide) * stride, -tf.cast(padding, wide)])
     code = tf.maximum(tf.ragged.range(run_code, run_code + tf.cast(run_size, wide)).flat_values, 0)
-    out = (tokens, tf.cast(code // limit, tf.int32), tf.cast(code % limit, tf.int32))
+    segments = tf.bitwise.right_shift(code, tf.constant(stride.bit_length() - 1, wide))
+    positions = tf.bitwise.bitwise_and(code, tf.constant(stride - 1, wide))
+    out = (tokens, tf.cast(segments, tf.int32), tf.cast(positions, tf.int32))
     return tuple(tf.ensure_shape(tf.reshape(t, [-1, limit]), [None, limit]) for t in out)
 
 
@@ -204,38 +217,71 @@ def pack_window(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int
     numbers a row, where a value on every token would move a third more bytes through every stage.
     """
     check_packing(lengths, algorithm, overflow)
+    ragged = {k: _as_ragged(k, window[k]) for k in lengths}
+    placed = place_items(ragged, lengths, algorithm, overflow, jit_compile)
+    values = {k: ragged[k].values for k in lengths}
+    named = {name: tf.gather(window[name], placed[ITEM_EXAMPLE]) for name in (counted or {})}
+    out = write_rows(values, placed, lengths, placed[ITEM_ROW], counted=counted, counted_values=named)
+    num_rows = tf.shape(out[ROW_EXAMPLES])[0]
+    out[ROW] = tf.range(num_rows)
+    out[WINDOW_ROWS] = tf.fill([num_rows], num_rows)
+    out[WINDOW_EXAMPLES] = tf.fill([num_rows], placed[ITEM_WINDOW])
+    return out
+
+
+# What `place_items` gives: each item of a window in placement order (one row each: the order the rows
+# were filled in), with its row; `write_rows` writes the rows from them.
+ITEM_SIZE = "_item_size"  # [N, K] int32: its tokens in each key
+ITEM_SOURCE = "_item_source"  # [N, K] int32: where its tokens start in each key's values
+ITEM_EXAMPLE = "_item_example"  # [N] int32: the window's example it comes from
+ITEM_ROW = "_item_row"  # [N] int32: its row, rows numbered in the order they were opened
+ITEM_WINDOW = "_item_window"  # scalar int32: the window's examples (W, empty ones included)
+
+
+def place_items(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int], algorithm: str,
+                overflow: str, jit_compile: bool = True) -> dict[str, tf.Tensor]:
+    """`pack_window`'s first half: which row each item of the window goes to (`ITEM_*`), no token moved."""
     keys = list(lengths)
     limit_list = [lengths[k] for k in keys]
     weights = size_weights(limit_list)
-    ragged = {k: _as_ragged(k, window[k]) for k in keys}
-    counts = tf.stack([tf.cast(ragged[k].row_lengths(), tf.int32) for k in keys], axis=1)
-    starts = tf.stack([tf.cast(ragged[k].row_starts(), tf.int32) for k in keys], axis=1)
+    counts = tf.stack([tf.cast(window[k].row_lengths(), tf.int32) for k in keys], axis=1)
+    starts = tf.stack([tf.cast(window[k].row_starts(), tf.int32) for k in keys], axis=1)
     checks = [_check_lengths(k, counts[:, i], limit_list[i]) for i, k in enumerate(keys)] if overflow == "error" else []
     with tf.control_dependencies(checks):
         limits = tf.constant(limit_list, tf.int32)
         sizes, sources, example = _items(counts, starts, limits, overflow == "split")
     order = placement_order(sizes, weights, algorithm != "first_fit")
-    sizes, sources, example = tf.gather(sizes, order), tf.gather(sources, order), tf.gather(example, order)
-    rows = place(sizes, limits, tf.constant(weights, tf.int64), algorithm == "best_fit_decreasing", jit_compile)
+    rows = place(tf.gather(sizes, order), limits, tf.constant(weights, tf.int64), algorithm == "best_fit_decreasing",
+                 jit_compile)
+    return {ITEM_SIZE: tf.gather(sizes, order), ITEM_SOURCE: tf.gather(sources, order),
+            ITEM_EXAMPLE: tf.cast(tf.gather(example, order), tf.int32), ITEM_ROW: rows,
+            ITEM_WINDOW: tf.shape(counts)[0]}
+
+
+def write_rows(values: Mapping[str, tf.Tensor], items: Mapping[str, tf.Tensor], lengths: Mapping[str, int],
+               rows: tf.Tensor, counted: Optional[Mapping[str, int]] = None,
+               counted_values: Optional[Mapping[str, tf.Tensor]] = None) -> dict[str, tf.Tensor]:
+    """`pack_window`'s second half: the rows of placed items (`place_items`: sizes and sources, in
+    placement order) with each item in row `rows[i]` (its own, or renumbered: the rows then leave in
+    that order, written once; every row 0..R-1 must hold an item). Per key `k`, `k_segment_ids`,
+    `k_positions` [R, length], ROW_EXAMPLES [R], and per `counted` name (`counted_values`: its value for
+    each item) `<name>_tokens` and `<name>_segments` [R, n]."""
+    keys = list(lengths)
+    limit_list = [lengths[k] for k in keys]
     layout = _layout(rows)
-    sizes, sources, example = (tf.gather(t, layout.group) for t in (sizes, sources, example))
+    sizes, sources = (tf.gather(items[name], layout.group) for name in (ITEM_SIZE, ITEM_SOURCE))
     out: dict[str, tf.Tensor] = {}
     for i, key in enumerate(keys):
         out[key], out[f"{key}_segment_ids"], out[f"{key}_positions"] = _rows_of_key(
-            ragged[key].values, sources[:, i], sizes[:, i], layout, limit_list[i], sum(limit_list))
+            values[key], sources[:, i], sizes[:, i], layout, limit_list[i], sum(limit_list))
     for name, count in (counted or {}).items():  # per row and value: one segment sum over the items
-        value = tf.cast(tf.gather(window[name], example), tf.int32)
+        value = tf.cast(tf.gather(counted_values[name], layout.group), tf.int32)
         cell = layout.row * count + value
         cells = layout.num_rows * count
         out[f"{name}_tokens"] = tf.reshape(tf.math.unsorted_segment_sum(sizes[:, 0], cell, cells), [-1, count])
         out[f"{name}_segments"] = tf.reshape(
             tf.math.unsorted_segment_sum(tf.ones_like(cell), cell, cells), [-1, count])
-    examples = tf.shape(counts)[0]
-    num_rows = layout.num_rows
     out[ROW_EXAMPLES] = layout.per_row
-    out[ROW] = tf.range(num_rows)
-    out[WINDOW_ROWS] = tf.fill([num_rows], num_rows)
-    out[WINDOW_EXAMPLES] = tf.fill([num_rows], examples)
     return out
 
 

@@ -2,8 +2,9 @@
 
 The one sequential part of packing (tpu_pipeline.pipeline.packing): a `tf.while_loop` over the
 window's items, each step one vectorized search of the remaining room of every row, compiled by XLA
-(~1-2 µs an item). Deterministic: sizes combine with integer weights, and ties go to the lowest row
-by encoding the row index into the minimized key, never by argmin's order.
+(or run on TF's executor where this TensorFlow has no XLA for the CPU: the TPU build). Deterministic:
+sizes combine with integer weights, and ties go to the lowest row by encoding the row index into the
+minimized key, never by argmin's order.
 """
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ def _place_loop(sizes: tf.Tensor, count: tf.Tensor, room: tf.Tensor, weights: tf
     return rows, tf.reduce_min(room) >= 0  # an item put where it did not fit leaves a negative room
 
 
-# The placement loop is the only sequential part: XLA compiles it to a native loop (~1-2 µs an
-# item at a window of 1024 here, against ~20-60 µs for TF's executor running the loop op by op).
+# The placement loop is the only sequential part: XLA compiles it to a native loop. The whole of
+# `pack_window` costs ~1.2-3.3 µs an item at a window of 1024 that way, ~5-15 µs on TF's executor
+# running the loop op by op (`benchmarks/bench_packing.py --alone --windows 1024`, README issue 37).
 # XLA needs static shapes, so items and rows are padded to powers of two: a few compiles a process.
 _place_jit = tf.function(_place_loop, jit_compile=True, reduce_retracing=True)
 _place_graph = tf.function(_place_loop, reduce_retracing=True)

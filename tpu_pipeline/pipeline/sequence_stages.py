@@ -26,14 +26,18 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
-from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message
+from tpu_pipeline.pipeline.chunking import (CHUNK, EXAMPLE, chunk_stream, from_parts, is_block, overflow_message,
+                                             window_stream)
 from tpu_pipeline.pipeline.mixed_records import SOURCE_KEY
+from tpu_pipeline.pipeline import packing
 from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields
+from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields, rows_in_blocks
 
 Features = dict[str, Any]
 INDEX_KEY = "_index"  # an output's place among its window's outputs (stages.POSITION_KEYS)
+ROWS = "_rows"  # pack: the rows a window's placement makes
+ITEMS = "_items"  # pack: the items (chunks with a token) a window places
 EXAMPLE_MASK = "example_mask"  # bucket mode: 1 for a real example, 0 for a padding one (an empty example is real)
 
 
@@ -195,38 +199,65 @@ class PackRows(Windowed):
         self.check_features(dataset.element_spec)
         keys, skip = list(self.keys), context.skip
         counted = self._counted(dataset.element_spec)
-        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk, list(counted))
-        # Chunks fit their rows already; a mixture's source is counted per row.
-        packer = dataclasses.replace(self._packer(), overflow="truncate", counted=counted)
-
-        def pack(window: Features) -> Features:
-            rows = packer.pack({key: window[key] for key in [*keys, *counted]})
-            return {**rows, EXAMPLE: window[EXAMPLE][0], CHUNK: window[CHUNK][0]}
-
+        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk, list(counted),
+                              parts=True)
         calls = tune(self.num_parallel_calls)
-        windows = chunks.rebatch(self.window)
-        packed = (windows.map(pack, name="pack") if calls == 1 else
-                  windows.map(pack, num_parallel_calls=calls, name="pack"))
+        parallel = {} if calls == 1 else {"num_parallel_calls": calls}
+        lengths = {key: self.lengths[key] for key in keys}
+
+        def place(parts: Features) -> Features:
+            """A window's placement (`packing.place_items`: each chunk's row), its tokens beside, unmoved."""
+            window = from_parts(parts, keys)
+            # Chunks fit their rows already: no item is cut.
+            placed = packing.place_items({key: window[key] for key in keys}, lengths, self.algorithm, "truncate")
+            named = {name: tf.gather(window[name], placed[packing.ITEM_EXAMPLE]) for name in counted}
+            rows = tf.reduce_max(tf.concat([placed[packing.ITEM_ROW] + 1, [0]], 0))
+            return {**{key: parts[key] for key in keys}, **placed, **named, ROWS: rows,
+                    ITEMS: tf.shape(placed[packing.ITEM_ROW])[0], EXAMPLE: window[EXAMPLE][0], CHUNK: window[CHUNK][0]}
+
+        windows = window_stream(chunks, keys, self.window)  # chunks.rebatch(window), without a cost per chunk
+        placed = windows.map(place, name="pack", **parallel)
         pipeline = context.input_pipeline_id
 
         def pool(windows: Features) -> Features:
-            """Rows of one window (`row_shuffle` <= 1) or a ragged batch of windows, permuted and numbered."""
-            batched = isinstance(windows[keys[0]], tf.RaggedTensor)
-            rows = {key: value.values if batched else value for key, value in windows.items()
-                    if key not in (EXAMPLE, CHUNK)}
+            """The rows of one window (`row_shuffle` <= 1) or of a padded batch of windows, written once in
+            their order: packing order, or a permutation of the pool's rows (the same as packing each window,
+            stacking their rows and gathering them in that order, without the two copies of every row)."""
+            batched = windows[packing.ITEM_ROW].shape.rank == 2
             example, first_chunk = (windows[EXAMPLE][0], windows[CHUNK][0]) if batched else (windows[EXAMPLE],
                                                                                              windows[CHUNK])
-            count = tf.shape(rows[keys[0]])[0]
+            items = {name: windows[name] for name in (packing.ITEM_SIZE, packing.ITEM_SOURCE, packing.ITEM_ROW)}
+            named = {name: windows[name] for name in counted}
+            values = {key: windows[key] for key in keys}
+            if batched:  # [P, most, ...], padded: each window's items, rows and tokens after the ones before it
+                real = tf.sequence_mask(windows[ITEMS], tf.shape(items[packing.ITEM_ROW])[1])
+                which = tf.boolean_mask(tf.broadcast_to(tf.range(tf.shape(real)[0])[:, None], tf.shape(real)), real)
+                items = {name: tf.boolean_mask(value, real) for name, value in items.items()}
+                items[packing.ITEM_ROW] += tf.gather(tf.cumsum(windows[ROWS], exclusive=True), which)
+                items[packing.ITEM_SOURCE] += tf.stack([which * tf.shape(values[key])[1] for key in keys], axis=1)
+                named = {name: tf.boolean_mask(value, real) for name, value in named.items()}
+                values = {key: tf.reshape(value, [-1]) for key, value in values.items()}
+            count = tf.reduce_sum(windows[ROWS])
+            rows = items[packing.ITEM_ROW]
             if self.row_shuffle:
                 seed = seeds.key(self.seed, seeds.ROW_SHUFFLE, pipeline, example, first_chunk)
                 order = tf.random.experimental.stateless_shuffle(tf.range(count), seed=seed)
-                rows = {key: tf.gather(value, order) for key, value in rows.items()}
-            return {**rows, **position_fields(example, first_chunk, tf.range(count))}
+                rows = tf.gather(tf.math.invert_permutation(order), rows)  # row r leaves as row order⁻¹[r]
+            out = packing.write_rows(values, items, lengths, rows, counted=counted, counted_values=named)
+            del out[packing.ROW_EXAMPLES]
+            return {**out, **position_fields(example, first_chunk, tf.range(count))}
 
-        # A pool of one window needs no ragged batch (it copies every row).
-        pools = packed.ragged_batch(self.row_shuffle) if self.row_shuffle > 1 else packed
-        pools = pools.map(pool, name="row_pool").unbatch()
-        return pools.skip(skip) if skip else pools
+        # A pool's windows batched with padding: a ragged batch of tokens copies them one at a time.
+        pools = placed.padded_batch(self.row_shuffle) if self.row_shuffle > 1 else placed
+        pools = pools.map(pool, name="row_pool", **parallel)
+        if skip:  # the rows of the first pool delivered before (a resume)
+            def skipped(left: tf.Tensor, rows: Features) -> tuple[tf.Tensor, Features]:
+                dropped = tf.minimum(left, tf.shape(rows[keys[0]], out_type=tf.int64)[0])
+                return left - dropped, {key: value[dropped:] for key, value in rows.items()}
+
+            pools = pools.scan(tf.constant(skip, tf.int64), skipped)
+        # One row an element for whatever follows, but a Batch right after cuts the pools (`rows_in_blocks`).
+        return rows_in_blocks(pools)
 
 
 def bucket_batches(bucket_lengths: Sequence[int], global_batch_size: int, context: tf.distribute.InputContext,
