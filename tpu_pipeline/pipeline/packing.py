@@ -115,8 +115,7 @@ class _Layout:
     The rows are written as one stream of R * length slots per key: each row's items, then one
     padding "item" filling the row. Slot order is row-major, so the stream reshapes to [R, length]
     with no scatter (TF's CPU scatter costs ~100 ns an index here; a gather of contiguous runs and
-    `tf.ragged.range` cost a few). (Measured for issue 37: copying each item's run whole with a ragged
-    gather, then padding the rows with `to_tensor`, cost more in a pipeline than this one gather.)
+    `tf.ragged.range` cost a few).
     """
 
     group: tf.Tensor  # [N] grouped position -> placement index
