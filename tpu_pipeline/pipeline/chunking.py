@@ -12,12 +12,14 @@ from any (example, chunk) on are the same, whatever block boundaries the parse u
 
     chunks = chunk_stream(parsed, ["inputs", "targets"], {"inputs": 256, "targets": 256}, "split",
                           start_example=0, start_chunk=0)
-    windows = chunks.rebatch(1024)       # W chunks a window: ≤ 1024 × 256 tokens per key
+    windows = window_stream(chunks, ["inputs", "targets"], 1024)   # W chunks a window: ≤ 1024 × 256 tokens per key
 
-Elements come in blocks (ragged [n, None] per key, with `EXAMPLE` and `CHUNK` int64 [n]) and
-never one chunk per element: tf.data's cost is per element. The packer cuts its windows the
-cheaper way, from blocks of plain tensors (`parts=True`, `window_stream`, `from_parts`): the same
-windows as `rebatch` makes.
+Elements come in blocks and never one chunk per element (tf.data's cost is per element), as parts:
+per key its values, each chunk's first token in them (`<key>_sources`) and its length
+(`<key>_lengths`), with `EXAMPLE` and `CHUNK` int64 [n]. A chunk points into the values its block was
+parsed into; its tokens are copied only where a window straddles two blocks, where a block would hold
+more cut-off tokens than chunk tokens (`compact`), and once more when the packer writes the rows.
+`from_parts` gives a block or window as ragged chunks [n, None] (a copy: for tests and tools).
 """
 from __future__ import annotations
 
@@ -65,7 +67,8 @@ def overflow_check(counts: tf.Tensor, keys: Sequence[str], limits: Sequence[int]
 
 def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], lengths: Mapping[str, int],
                 overflow: str, start_example: int, start_chunk: int, carried: Sequence[str] = ()) -> Features:
-    """One block of examples (numbered from `first_example`) → its chunks, in stream order.
+    """One block of examples (numbered from `first_example`) → its chunks, in stream order, as parts
+    (`as_parts`): each key's values, each chunk's first token in them and its length.
 
     `split`: example e becomes ceil(longest key / its length) chunks, chunk c holding tokens
     [c × length_k, (c + 1) × length_k) of every key k (the keys' chunks stay aligned); `truncate`:
@@ -73,6 +76,10 @@ def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], 
     in any key makes no chunk. Chunks before (`start_example`, `start_chunk`) are dropped (a
     resume that starts inside a document). `carried`: per-example features ([n], e.g. a mixture's
     source) each chunk keeps a copy of.
+
+    The chunks point into the block's values, no token copied, unless more than half of them lie
+    outside every chunk (tails cut by truncate, chunks dropped by a resume): then the chunks' tokens
+    are copied out (`compact`), so what a block of chunks holds stays within twice its chunks' tokens.
     """
     limits = [int(lengths[key]) for key in keys]
     ragged = [block[key] for key in keys]
@@ -92,29 +99,34 @@ def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], 
     out: Features = {EXAMPLE: number, CHUNK: chunk}
     out.update({name: tf.gather(block[name], example) for name in carried})
     for key, r, length in zip(keys, ragged, limits):
-        skipped = chunk * length
-        size = tf.clip_by_value(tf.gather(tf.cast(r.row_lengths(), tf.int64), example) - skipped, 0, length)
-        if overflow == "split":
-            # Every token is in exactly one chunk, in order: the chunks are a view of the values from the
-            # first kept token (no copy of a long document).
-            first = tf.cast(tf.size(r.flat_values, tf.int64) - tf.reduce_sum(size), tf.int64)
-            out[key] = tf.RaggedTensor.from_row_lengths(r.flat_values[first:], size)
-        else:
-            out[key] = _heads(r, example, skipped, size)
+        count = tf.gather(counts[:, keys.index(key)], example)
+        skipped = tf.minimum(chunk * length, count)  # a key shorter than another has empty chunks at its end
+        size = tf.minimum(count - skipped, length)
+        first = tf.gather(tf.cast(r.row_starts(), tf.int64), example) + skipped  # in order, within the values
+        values = r.flat_values
+        check = tf.debugging.assert_less(tf.size(values, tf.int64), tf.constant(_MOST_TOKENS, tf.int64), message=(
+            f"data.sequence: a block of parsed records holds 2**31 tokens of {key} or more: too many to index; "
+            "parse fewer records at a time (data.sequence.window) or cut the documents with a truncate op"))
+        with tf.control_dependencies([check]):
+            wasteful = 2 * tf.reduce_sum(size) < tf.size(values, tf.int64)
+        out[key], out[key + _SOURCES] = tf.cond(wasteful, lambda v=values, f=first, n=size: compact(v, f, n),
+                                                lambda v=values, f=first: (v, f))
+        out[key + _LENGTHS] = size
     return out
 
 
-def _heads(ragged: tf.RaggedTensor, example: tf.Tensor, skipped: tf.Tensor, size: tf.Tensor) -> tf.RaggedTensor:
-    """Chunk i: tokens [skipped_i, skipped_i + size_i) of row example_i (truncate, error: one chunk an
-    example at most, so `skipped` is 0 but for a resume).
+_MOST_TOKENS = 1 << 31  # a block's (or a window's) tokens of a key are indexed in int32 when placed
 
-    The chunks are runs of the block's values in order, and what lies between them (a cut tail, a chunk
+
+def compact(values: tf.Tensor, first: tf.Tensor, size: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Chunks i (tokens [first_i, first_i + size_i) of `values`, in order) copied out: (their tokens
+    one after another, where each starts there).
+
+    The chunks are runs of the values in order, and what lies between them (a cut tail, a chunk
     left out on resume) is rare: the values split at those gaps only, and the runs between gaps copied
     whole (`tf.gather` of a ragged tensor's rows copies each row as one range). A gather of every token by
-    its index reads an index per token besides; with no gap at all (documents that fit a row), nothing is copied.
+    its index reads an index per token besides.
     """
-    values = ragged.flat_values
-    first = tf.gather(tf.cast(ragged.row_starts(), tf.int64), example) + skipped  # [n] each chunk's first token
     last = first + size
     total = tf.size(values, tf.int64)
     following = tf.concat([first[1:], [total]], 0)  # where the next chunk (or the block's end) starts
@@ -125,17 +137,16 @@ def _heads(ragged: tf.RaggedTensor, example: tf.Tensor, skipped: tf.Tensor, size
     bounds = tf.concat([[0, lead], pairs, [total]], 0)
     runs = tf.RaggedTensor.from_row_splits(values, bounds, validate=False)
     kept = tf.gather(runs, tf.range(1, tf.size(bounds, tf.int64) - 1, 2)).flat_values
-    splits = tf.concat([[0], tf.cumsum(size)], 0)
-    return tf.RaggedTensor.from_row_splits(kept, splits, validate=False)
+    return kept, tf.cumsum(size, exclusive=True)
 
 
 def chunk_stream(dataset: tf.data.Dataset, keys: Sequence[str], lengths: Mapping[str, int], overflow: str,
-                 start_example: int = 0, start_chunk: int = 0, carried: Sequence[str] = (),
-                 parts: bool = False) -> tf.data.Dataset:
-    """`dataset`'s examples (single, or blocks) as blocks of chunks numbered from `start_example`.
+                 start_example: int = 0, start_chunk: int = 0, carried: Sequence[str] = ()) -> tf.data.Dataset:
+    """`dataset`'s examples (single, or blocks) as blocks of chunks numbered from `start_example`, as
+    parts (`chunk_block`; what `window_stream` takes; `from_parts` gives each block as ragged chunks).
 
     `dataset` must start at example `start_example` of the stream; its first `start_chunk` chunks
-    are left out. `parts`: each block as `as_parts` gives it (what `window_stream` takes).
+    are left out.
     """
     blocks = as_blocks(dataset, keys)
     kept = list(keys)
@@ -146,54 +157,47 @@ def chunk_stream(dataset: tf.data.Dataset, keys: Sequence[str], lengths: Mapping
 
     # One scan step per block (not per example): the block's first example number.
     numbered = blocks.scan(tf.constant(start_example, tf.int64), number)
-    def chunk(first: tf.Tensor, block: Features) -> Features:
-        chunks = chunk_block(block, first, kept, lengths, overflow, start_example, start_chunk, carried)
-        return as_parts(chunks, kept) if parts else chunks
-
-    return numbered.map(chunk, name="chunk")
+    return numbered.map(lambda first, block: chunk_block(block, first, kept, lengths, overflow, start_example,
+                                                         start_chunk, carried), name="chunk")
 
 
-_LENGTHS = "_lengths"  # a key's chunk lengths beside its values, in `as_parts`
-_CHUNKS = "_chunks"  # window_stream: where windows start and stop, in chunks
-
-
-def as_parts(chunks: Features, keys: Sequence[str]) -> dict[str, tf.Tensor]:
-    """A block (or window) of chunks as plain tensors: each key's values and its chunk lengths
-    (`<key>_lengths`, int64), each per-chunk feature as it is. Between tf.data stages a ragged element
-    travels encoded as a variant (a copy of its tokens each way); plain tensors travel as they are."""
-    out = {name: value for name, value in chunks.items() if name not in keys}
-    for key in keys:
-        out[key] = chunks[key].flat_values
-        out[key + _LENGTHS] = tf.cast(chunks[key].row_lengths(), tf.int64)
-    return out
+_LENGTHS = "_lengths"  # parts: a key's chunk lengths beside its values
+_SOURCES = "_sources"  # parts: where each chunk's tokens start in its key's values
 
 
 def from_parts(parts: Mapping[str, tf.Tensor], keys: Sequence[str]) -> Features:
-    """`as_parts` undone: each key a ragged [n, None] again (no copy)."""
-    lengths = {key + _LENGTHS for key in keys}
-    out = {name: value for name, value in parts.items() if name not in lengths}
+    """Parts (`chunk_block`, `window_stream`) as chunks: each key a ragged [n, None] (a copy of the
+    tokens: tests and tools; the packer places and writes rows from the parts themselves)."""
+    names = {key + suffix for key in keys for suffix in (_LENGTHS, _SOURCES)}
+    out = {name: value for name, value in parts.items() if name not in names}
     for key in keys:
-        out[key] = tf.RaggedTensor.from_row_lengths(parts[key], parts[key + _LENGTHS], validate=False)
+        values, _ = compact(parts[key], parts[key + _SOURCES], parts[key + _LENGTHS])
+        out[key] = tf.RaggedTensor.from_row_lengths(values, parts[key + _LENGTHS], validate=False)
     return out
 
 
-def window_stream(chunks: tf.data.Dataset, keys: Sequence[str], window: int) -> tf.data.Dataset:
-    """Blocks of chunks as parts (`chunk_stream(..., parts=True)`) cut into windows of `window` chunks
-    (the last one partial where the stream ends), each as parts: `from_parts` gives the elements of
-    `chunk_stream(...).rebatch(window)`, in the same order.
+def spans(parts: Mapping[str, tf.Tensor], key: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """A key's (values, first token of each chunk, its length) in parts."""
+    return parts[key], parts[key + _SOURCES], parts[key + _LENGTHS]
 
-    How: a `scan` joins what the last block left over to the next block and gives the joined parts with
-    where the whole windows among them start and stop; each window is then one element holding the
-    joined parts (tensors pass between tf.data stages by reference) and cut from them by slicing. Tokens
-    are copied about twice (the join, the cut), never one chunk at a time: `rebatch` of ragged blocks
-    encodes and decodes every chunk as a variant, and even a ragged batch of whole windows copies its
-    tokens one at a time. A last element marks the end of a finite stream, where the leftover leaves as the partial last
-    window.
+
+def window_stream(chunks: tf.data.Dataset, keys: Sequence[str], window: int) -> tf.data.Dataset:
+    """Blocks of chunks as parts (`chunk_stream`) cut into windows of `window` chunks (the last one
+    partial where the stream ends), each as parts: `from_parts` gives the elements of
+    `chunk_stream(...)` rebatched to `window` chunks, in the same order.
+
+    How: a `scan` takes each block with what the last one left over (the chunks of a partial window);
+    the window that holds leftover chunks is joined (its tokens copied into one tensor), and every other
+    window points into the block's values (tensors pass between tf.data stages by reference; a window
+    is its chunks' first tokens and lengths). So a token is copied at most once here, and only in a
+    window that straddles two blocks: `rebatch` of ragged blocks encodes and decodes every chunk as a
+    variant, and even a ragged batch of whole windows copies its tokens one at a time. A last element
+    marks the end of a finite stream, where the leftover leaves as the partial last window.
     """
     keys = list(keys)
     spec = chunks.element_spec
     names = list(spec)
-    features = [name for name in names if name not in {*keys, *(key + _LENGTHS for key in keys)}]  # [n] each
+    per_chunk = [name for name in names if name not in keys]  # [n] each: sources, lengths, numbers, carried
 
     def empty() -> dict[str, tf.Tensor]:
         return {name: tf.zeros([0], spec[name].dtype) for name in names}
@@ -201,29 +205,47 @@ def window_stream(chunks: tf.data.Dataset, keys: Sequence[str], window: int) -> 
     end = tf.data.Dataset.from_tensors((empty(), True))
     marked = chunks.map(lambda block: (block, False)).concatenate(end)
 
-    def cut(left: dict, element: tuple) -> tuple[dict, tuple[dict, dict]]:
-        block, last = element
-        joined = {name: tf.concat([left[name], block[name]], 0) for name in names}
-        count = tf.size(joined[EXAMPLE], tf.int64)
-        emit = tf.where(last, count, count // window * window)  # chunks that leave now
-        bounds = {_CHUNKS: tf.concat([tf.range(0, emit, window), [emit]], 0)}  # of the windows that leave
-        rest = {name: joined[name][emit:] for name in features}
-        for key in keys:
-            lengths = joined[key + _LENGTHS]
-            bounds[key] = tf.gather(tf.concat([tf.zeros([1], tf.int64), tf.cumsum(lengths)], 0), bounds[_CHUNKS])
-            rest[key], rest[key + _LENGTHS] = joined[key][bounds[key][-1]:], lengths[emit:]
-        return rest, (joined, bounds)
+    sources = {key + _SOURCES for key in keys}
 
-    def windows(joined: dict, bounds: dict) -> tf.data.Dataset:
-        spans = tf.data.Dataset.from_tensor_slices({name: (value[:-1], value[1:]) for name, value in bounds.items()})
-        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(joined).repeat(), spans))
-
-    def one(joined: dict, span: dict) -> dict[str, tf.Tensor]:
-        first, stop = span[_CHUNKS]
-        out = {name: joined[name][first:stop] for name in features}
+    def joined(left: dict, block: dict, begin: tf.Tensor, stop: tf.Tensor) -> dict[str, tf.Tensor]:
+        """All of `left`'s chunks, then `block`'s [begin, stop): their tokens copied into one tensor a key."""
+        out = {name: tf.concat([left[name], block[name][begin:stop]], 0) for name in per_chunk if name not in sources}
         for key in keys:
-            out[key] = joined[key][span[key][0]:span[key][1]]
-            out[key + _LENGTHS] = joined[key + _LENGTHS][first:stop]
+            values, first, size = spans(block, key)
+            first, size = first[begin:stop], size[begin:stop]
+            end_ = tf.reduce_max(tf.concat([first + size, [0]], 0))
+            start = tf.reduce_min(tf.concat([first, [end_]], 0))
+            out[key] = tf.concat([left[key], values[start:end_]], 0)
+            out[key + _SOURCES] = tf.concat([left[key + _SOURCES], first - start + tf.size(left[key], tf.int64)], 0)
         return out
 
-    return marked.scan(empty(), cut).flat_map(windows).map(one, name="window")
+    def cut(left: dict, element: tuple) -> tuple[dict, tuple[dict, tf.Tensor, dict, tf.Tensor]]:
+        block, last = element
+        held, count = tf.size(left[EXAMPLE], tf.int64), tf.size(block[EXAMPLE], tf.int64)
+        total = held + count
+        emit = tf.where(last, total, total // window * window)  # chunks that leave now (the leftover's first)
+        # The window that holds the leftover (when one leaves) is joined; the others point into the block.
+        straddles = tf.logical_and(held > 0, emit > 0)
+        size = tf.constant(window, tf.int64)
+        head = tf.where(straddles, tf.minimum(size, emit) - held, 0)  # the block's chunks in the joined window
+        none = lambda parts, given: {name: value[:tf.where(given, tf.size(value), 0)] for name, value in parts.items()}  # noqa: E731
+        first_window = joined(none(left, straddles), block, 0, head)
+        stop = tf.maximum(emit - held, head)  # the block's chunks that leave now (none when no window leaves)
+        starts = tf.range(head, stop, size)
+        bounds = tf.stack([starts, tf.minimum(starts + size, stop)], axis=1)  # [windows, 2] in the block
+        # Left over: every chunk when no window leaves (copied: a block smaller than a window), else the
+        # block's from the leftover's first (copied: at most a window).
+        rest = joined(none(left, tf.equal(emit, 0)), block, tf.maximum(emit - held, 0), count)
+        return rest, (first_window, tf.cast(straddles, tf.int64), block, bounds)
+
+    def windows(first_window: dict, straddles: tf.Tensor, block: dict, bounds: dict) -> tf.data.Dataset:
+        first = tf.data.Dataset.from_tensors(first_window).take(straddles)
+        spans_ = tf.data.Dataset.from_tensor_slices(bounds)
+        return first.concatenate(tf.data.Dataset.zip((tf.data.Dataset.from_tensors(block).repeat(), spans_)).map(one))
+
+    def one(block: dict, span: tf.Tensor) -> dict[str, tf.Tensor]:
+        out = {name: block[name][span[0]:span[1]] for name in per_chunk}
+        out.update({key: block[key] for key in keys})
+        return out
+
+    return marked.scan(empty(), cut).flat_map(windows)

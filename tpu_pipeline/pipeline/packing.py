@@ -241,10 +241,19 @@ def place_items(window: Mapping[str, tf.RaggedTensor], lengths: Mapping[str, int
                 overflow: str, jit_compile: bool = True) -> dict[str, tf.Tensor]:
     """`pack_window`'s first half: which row each item of the window goes to (`ITEM_*`), no token moved."""
     keys = list(lengths)
-    limit_list = [lengths[k] for k in keys]
-    weights = size_weights(limit_list)
     counts = tf.stack([tf.cast(window[k].row_lengths(), tf.int32) for k in keys], axis=1)
     starts = tf.stack([tf.cast(window[k].row_starts(), tf.int32) for k in keys], axis=1)
+    return place_spans(counts, starts, lengths, algorithm, overflow, jit_compile)
+
+
+def place_spans(counts: tf.Tensor, starts: tf.Tensor, lengths: Mapping[str, int], algorithm: str, overflow: str,
+                jit_compile: bool = True) -> dict[str, tf.Tensor]:
+    """`place_items` for a window given as spans of its keys' values: example i's tokens of key k are
+    [starts[i, k], starts[i, k] + counts[i, k]) (int32 [W, K], keys in the order of `lengths`), wherever
+    they lie (the packer's windows point into the block they were parsed in)."""
+    keys = list(lengths)
+    limit_list = [lengths[k] for k in keys]
+    weights = size_weights(limit_list)
     checks = [_check_lengths(k, counts[:, i], limit_list[i]) for i, k in enumerate(keys)] if overflow == "error" else []
     with tf.control_dependencies(checks):
         limits = tf.constant(limit_list, tf.int32)

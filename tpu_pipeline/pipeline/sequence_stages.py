@@ -26,7 +26,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline._common import tune
-from tpu_pipeline.pipeline.chunking import (CHUNK, EXAMPLE, chunk_stream, from_parts, is_block, overflow_message,
+from tpu_pipeline.pipeline.chunking import (CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message, spans,
                                              window_stream)
 from tpu_pipeline.pipeline.mixed_records import SOURCE_KEY
 from tpu_pipeline.pipeline import packing
@@ -36,8 +36,6 @@ from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields
 
 Features = dict[str, Any]
 INDEX_KEY = "_index"  # an output's place among its window's outputs (stages.POSITION_KEYS)
-ROWS = "_rows"  # pack: the rows a window's placement makes
-ITEMS = "_items"  # pack: the items (chunks with a token) a window places
 EXAMPLE_MASK = "example_mask"  # bucket mode: 1 for a real example, 0 for a padding one (an empty example is real)
 
 
@@ -161,16 +159,18 @@ class Windowed(Stage):
 
 @dataclasses.dataclass(frozen=True)
 class PackRows(Windowed):
-    """Pack mode: the stream cut into chunks of at most `length` (`chunking.chunk_stream`), windows of
-    `window` chunks packed by `packing.pack_window` (in a parallel map: windows are independent), and
-    the rows of `row_shuffle` consecutive windows (a pool) permuted by a seed of the seed tree
+    """Pack mode: the stream cut into chunks of at most `length` (`chunking.chunk_stream`), pools of
+    `row_shuffle` windows (or one) cut from it (`chunking.window_stream`) and packed in a parallel map
+    (pools are independent): each window of `window` chunks placed as `packing.pack_window` places it,
+    and the pool's rows written once (`packing.write_rows`), permuted by a seed of the seed tree
     (`seeds.ROW_SHUFFLE`, folded with the pool's first (example, chunk)).
 
     Why the shuffle: first-fit-decreasing places a window's largest items first, so without it a
     long document's chunks fill consecutive rows and a batch holds one or two documents. Why pools
     of whole windows: the rows of a pool are a pure function of its first (example, chunk), so a
     resume rebuilds the pool and skips what it delivered (at most one pool replayed, three integers
-    saved), never a buffer. Memory: a pool holds at most row_shuffle × window × length tokens per key.
+    saved), never a buffer. Memory: a pool's rows hold at most row_shuffle × window × length tokens per
+    key; its chunks point into the block they were parsed in (no copy), kept until its last pool is written.
     `row_shuffle=0`: rows leave in packing order (evaluation).
     """
 
@@ -199,57 +199,59 @@ class PackRows(Windowed):
         self.check_features(dataset.element_spec)
         keys, skip = list(self.keys), context.skip
         counted = self._counted(dataset.element_spec)
-        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk, list(counted),
-                              parts=True)
+        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk, list(counted))
         calls = tune(self.num_parallel_calls)
         parallel = {} if calls == 1 else {"num_parallel_calls": calls}
         lengths = {key: self.lengths[key] for key in keys}
-
-        def place(parts: Features) -> Features:
-            """A window's placement (`packing.place_items`: each chunk's row), its tokens beside, unmoved."""
-            window = from_parts(parts, keys)
-            # Chunks fit their rows already: no item is cut.
-            placed = packing.place_items({key: window[key] for key in keys}, lengths, self.algorithm, "truncate")
-            named = {name: tf.gather(window[name], placed[packing.ITEM_EXAMPLE]) for name in counted}
-            rows = tf.reduce_max(tf.concat([placed[packing.ITEM_ROW] + 1, [0]], 0))
-            return {**{key: parts[key] for key in keys}, **placed, **named, ROWS: rows,
-                    ITEMS: tf.shape(placed[packing.ITEM_ROW])[0], EXAMPLE: window[EXAMPLE][0], CHUNK: window[CHUNK][0]}
-
-        windows = window_stream(chunks, keys, self.window)  # chunks.rebatch(window), without a cost per chunk
-        placed = windows.map(place, name="pack", **parallel)
+        windows = max(1, self.row_shuffle)  # a pool's windows
         pipeline = context.input_pipeline_id
 
-        def pool(windows: Features) -> Features:
-            """The rows of one window (`row_shuffle` <= 1) or of a padded batch of windows, written once in
-            their order: packing order, or a permutation of the pool's rows (the same as packing each window,
-            stacking their rows and gathering them in that order, without the two copies of every row)."""
-            batched = windows[packing.ITEM_ROW].shape.rank == 2
-            example, first_chunk = (windows[EXAMPLE][0], windows[CHUNK][0]) if batched else (windows[EXAMPLE],
-                                                                                             windows[CHUNK])
-            items = {name: windows[name] for name in (packing.ITEM_SIZE, packing.ITEM_SOURCE, packing.ITEM_ROW)}
-            named = {name: windows[name] for name in counted}
-            values = {key: windows[key] for key in keys}
-            if batched:  # [P, most, ...], padded: each window's items, rows and tokens after the ones before it
-                real = tf.sequence_mask(windows[ITEMS], tf.shape(items[packing.ITEM_ROW])[1])
-                which = tf.boolean_mask(tf.broadcast_to(tf.range(tf.shape(real)[0])[:, None], tf.shape(real)), real)
-                items = {name: tf.boolean_mask(value, real) for name, value in items.items()}
-                items[packing.ITEM_ROW] += tf.gather(tf.cumsum(windows[ROWS], exclusive=True), which)
-                items[packing.ITEM_SOURCE] += tf.stack([which * tf.shape(values[key])[1] for key in keys], axis=1)
-                named = {name: tf.boolean_mask(value, real) for name, value in named.items()}
-                values = {key: tf.reshape(value, [-1]) for key, value in values.items()}
-            count = tf.reduce_sum(windows[ROWS])
+        def place(counts: tf.Tensor, starts: tf.Tensor) -> dict[str, tf.Tensor]:
+            """The pool's windows placed one after another (`packing.place_spans`: each chunk's row), rows
+            numbered on from the windows before; no token moved."""
+            if windows == 1:
+                return packing.place_spans(counts, starts, lengths, self.algorithm, "truncate")
+            total = tf.shape(counts)[0]
+            names = (packing.ITEM_SIZE, packing.ITEM_SOURCE, packing.ITEM_EXAMPLE, packing.ITEM_ROW)
+            arrays = tuple(tf.TensorArray(tf.int32, size=0, dynamic_size=True, infer_shape=False) for _ in names)
+
+            def one(index: tf.Tensor, rows: tf.Tensor, arrays: tuple) -> tuple:
+                first = index * self.window
+                stop = tf.minimum(first + self.window, total)
+                placed = packing.place_spans(counts[first:stop], starts[first:stop], lengths, self.algorithm,
+                                             "truncate")
+                placed[packing.ITEM_EXAMPLE] += first
+                placed[packing.ITEM_ROW] += rows
+                arrays = tuple(array.write(index, placed[name]) for array, name in zip(arrays, names))
+                return index + 1, tf.reduce_max(tf.concat([placed[packing.ITEM_ROW] + 1, [rows]], 0)), arrays
+
+            count = (total + self.window - 1) // self.window
+            _, _, arrays = tf.while_loop(lambda index, *_: index < count, one, (0, 0, arrays))
+            return {name: array.concat() for name, array in zip(names, arrays)}
+
+        def pool(parts: Features) -> Features:
+            """The rows of a pool (`row_shuffle` windows, or one), placed window by window and written once, in
+            their order: packing order, or a seeded permutation of the pool's rows. The chunks' tokens stay where
+            they are (the block they were parsed in): the rows are written from there."""
+            example, first_chunk = parts[EXAMPLE][0], parts[CHUNK][0]
+            counts = tf.stack([tf.cast(spans(parts, key)[2], tf.int32) for key in keys], axis=1)
+            starts = tf.stack([tf.cast(spans(parts, key)[1], tf.int32) for key in keys], axis=1)
+            items = place(counts, starts)  # chunks fit their rows already: no item is cut
+            named = {name: tf.gather(parts[name], items[packing.ITEM_EXAMPLE]) for name in counted}
             rows = items[packing.ITEM_ROW]
+            count = tf.reduce_max(tf.concat([rows + 1, [0]], 0))
             if self.row_shuffle:
                 seed = seeds.key(self.seed, seeds.ROW_SHUFFLE, pipeline, example, first_chunk)
                 order = tf.random.experimental.stateless_shuffle(tf.range(count), seed=seed)
                 rows = tf.gather(tf.math.invert_permutation(order), rows)  # row r leaves as row order⁻¹[r]
+            values = {key: parts[key] for key in keys}
             out = packing.write_rows(values, items, lengths, rows, counted=counted, counted_values=named)
             del out[packing.ROW_EXAMPLES]
             return {**out, **position_fields(example, first_chunk, tf.range(count))}
 
-        # A pool's windows batched with padding: a ragged batch of tokens copies them one at a time.
-        pools = placed.padded_batch(self.row_shuffle) if self.row_shuffle > 1 else placed
-        pools = pools.map(pool, name="row_pool", **parallel)
+        # A pool's chunks in one element (their tokens where they were parsed): no per-window element, and
+        # no batch of windows that would copy their tokens.
+        pools = window_stream(chunks, keys, self.window * windows).map(pool, name="pack", **parallel)
         if skip:  # the rows of the first pool delivered before (a resume)
             def skipped(left: tf.Tensor, rows: Features) -> tuple[tf.Tensor, Features]:
                 dropped = tf.minimum(left, tf.shape(rows[keys[0]], out_type=tf.int64)[0])

@@ -1,0 +1,120 @@
+"""The packer's chunk stream and its windows (tpu_pipeline.pipeline.chunking) against a plain Python
+reference: every chunk's tokens and number, windows of exactly `window` chunks in stream order, whatever
+the parse's blocks (smaller or larger than a window), with long tails cut, empty documents and a resume
+inside a document; and a block of chunks never holds more than twice its chunks' tokens."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, compact, from_parts, spans, window_stream
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+LENGTHS = {"inputs": 4, "targets": 3}
+
+
+def reference_chunks(examples: list[dict], overflow: str, start_example: int, start_chunk: int) -> list[tuple]:
+    """(example, chunk, tokens of each key) in stream order, as chunking.chunk_block documents it."""
+    out = []
+    for number, example in enumerate(examples, start_example):
+        if overflow == "split":
+            count = max(math.ceil(len(example[k]) / n) for k, n in LENGTHS.items())
+        else:
+            count = 1 if any(example[k] for k in LENGTHS) else 0
+        for chunk in range(count):
+            if number == start_example and chunk < start_chunk:
+                continue
+            out.append((number, chunk, *(tuple(example[k][chunk * n:(chunk + 1) * n]) for k, n in LENGTHS.items())))
+    return out
+
+
+def blocks_of(examples: list[dict], sizes: list[int]) -> tf.data.Dataset:
+    """The examples as ragged blocks of the given sizes (the last block takes what is left)."""
+    blocks, at = [], 0
+    for size in sizes + [len(examples)]:
+        if at >= len(examples):
+            break
+        part = examples[at:at + size]
+        blocks.append({k: tf.ragged.constant([e[k] for e in part], dtype=tf.int64, ragged_rank=1) for k in LENGTHS})
+        at += len(part)
+    spec = {k: tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64) for k in LENGTHS}
+    return tf.data.Dataset.from_generator(lambda: iter(blocks), output_signature=spec)
+
+
+def as_chunks(parts: dict) -> list[tuple]:
+    chunks = from_parts(parts, list(LENGTHS))
+    numbers = zip(chunks[EXAMPLE].numpy().tolist(), chunks[CHUNK].numpy().tolist())
+    tokens = [[tuple(row) for row in chunks[k].to_list()] for k in LENGTHS]
+    return [(e, c, *(t[i] for t in tokens)) for i, (e, c) in enumerate(numbers)]
+
+
+example = st.fixed_dictionaries({k: st.lists(st.integers(0, 99), max_size=3 * n + 2) for k, n in LENGTHS.items()})
+
+
+@SETTINGS
+@given(examples=st.lists(example, max_size=40), sizes=st.lists(st.integers(1, 12), max_size=12),
+       window=st.integers(1, 9), overflow=st.sampled_from(["truncate", "split"]), start=st.integers(0, 2))
+def test_windows_are_the_stream_cut_every_window_chunks(examples, sizes, window, overflow, start):
+    first_chunk = start if overflow == "split" else 0  # a resume inside a document (split: it has several)
+    chunks = chunk_stream(blocks_of(examples, sizes), list(LENGTHS), LENGTHS, overflow, start_example=7,
+                          start_chunk=first_chunk)
+    expected = reference_chunks(examples, overflow, 7, first_chunk)
+    windows = [as_chunks(parts) for parts in window_stream(chunks, list(LENGTHS), window)]
+    assert [c for w in windows for c in w] == expected
+    assert all(len(w) == window for w in windows[:-1]) and (not windows or 0 < len(windows[-1]) <= window)
+
+
+@pytest.mark.parametrize("window", [1, 3, 9, 25])
+def test_windows_across_blocks_smaller_and_larger_than_a_window(window):
+    # Blocks of 2 under a window of 9 leave nothing for several blocks; blocks of 13 hold whole windows.
+    rng = np.random.default_rng(window)
+    examples = [{k: rng.integers(0, 99, rng.integers(0, 3 * n)).tolist() for k, n in LENGTHS.items()} for _ in range(60)]
+    sizes = [2, 2, 2, 2, 13, 1, 1, 20, 2, 5]
+    for overflow in ("truncate", "split"):
+        chunks = chunk_stream(blocks_of(examples, sizes), list(LENGTHS), LENGTHS, overflow)
+        windows = [as_chunks(parts) for parts in window_stream(chunks, list(LENGTHS), window)]
+        assert [c for w in windows for c in w] == reference_chunks(examples, overflow, 0, 0)
+        assert all(len(w) == window for w in windows[:-1])
+
+
+@SETTINGS
+@given(examples=st.lists(example, min_size=1, max_size=30), size=st.integers(1, 30))
+def test_a_block_of_chunks_holds_at_most_twice_its_tokens(examples, size):
+    # Cut tails (truncate) stay in the block's values only while they are the lesser half.
+    for parts in chunk_stream(blocks_of(examples, [size] * 30), list(LENGTHS), LENGTHS, "truncate"):
+        for key in LENGTHS:
+            values, _, lengths = spans(parts, key)
+            assert int(tf.size(values)) <= 2 * int(tf.reduce_sum(lengths))
+
+
+def test_compact_copies_the_chunks_out_of_their_gaps():
+    values = tf.constant(np.arange(20), tf.int64)
+    kept, starts = compact(values, tf.constant([2, 5, 6, 15], tf.int64), tf.constant([2, 1, 3, 0], tf.int64))
+    assert kept.numpy().tolist() == [2, 3, 5, 6, 7, 8] and starts.numpy().tolist() == [0, 2, 3, 6]
+
+
+def test_a_stage_between_the_packer_and_the_batch_gets_the_same_rows():
+    # A Batch right after the packer cuts its batches from the pools (stages.rows_in_blocks); any other stage
+    # gets one row an element, and a Batch after it must make the same batches.
+    from tpu_pipeline.pipeline.sequence_stages import PackRows
+    from tpu_pipeline.pipeline.stage_base import StageContext
+    from tpu_pipeline.pipeline.stages import Batch, row_blocks
+
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(0, 50, rng.integers(1, 12)).astype(np.int64) for _ in range(300)]
+    examples = tf.data.Dataset.from_generator(lambda: ({"tokens": t} for t in tokens),
+                                              output_signature={"tokens": tf.TensorSpec([None], tf.int64)})
+    context = StageContext()
+    rows = PackRows(["tokens"], 16, lengths={"tokens": 12}, row_shuffle=3, seed=5).apply(examples, context)
+    assert row_blocks(rows) is not None
+    through_a_map = rows.map(lambda row: row)
+    assert row_blocks(through_a_map) is None
+    direct, mapped = (list(Batch(8).apply(d, context).as_numpy_iterator()) for d in (rows, through_a_map))
+    assert len(direct) == len(mapped) > 10
+    for a, b in zip(direct, mapped):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
