@@ -50,7 +50,8 @@ import sequence_workloads  # noqa: E402
 from bench_sequences import BATCH, KEY, WORKLOADS, count_segments, measure  # noqa: E402
 from tpu_pipeline.config import config_from_dict  # noqa: E402
 from tpu_pipeline.pipeline import Pipeline  # noqa: E402
-from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY, mixed  # noqa: E402
+from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY  # noqa: E402
+from tpu_pipeline.pipeline.core.mixed_records import mixed  # noqa: E402
 from tpu_pipeline.pipeline.mixture_source import MixtureSource, source_seed  # noqa: E402
 from tpu_pipeline.pipeline.parse import make_parser  # noqa: E402
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions, block_quotas
-from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.source_base import ReadOptions
 from tpu_pipeline.pipeline.sources import TFRecordSource

@@ -11,7 +11,7 @@ import yaml
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.builder import Pipeline
-from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY
+from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY
 from tpu_pipeline.records.writer import bytes_feature, int_feature, write_split
 
 COUNTS = {"web": 50, "code": 30, "books": 20}

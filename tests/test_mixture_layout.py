@@ -16,7 +16,7 @@ import itertools
 import pytest
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY
+from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.source_base import ReadOptions
 from tpu_pipeline.pipeline.sources import TFRecordSource

@@ -17,7 +17,7 @@ import tensorflow as tf
 import yaml
 
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY
+from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.plan import make_plan
 from tpu_pipeline.pipeline.source_base import ReadOptions

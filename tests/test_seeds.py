@@ -11,9 +11,9 @@ from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import register_op, scoped_ops
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline import seeds
-from tpu_pipeline.pipeline.stages import MapFeatures
+from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.stage_base import StageContext
+from tpu_pipeline.pipeline.stages import MapFeatures
 from tpu_pipeline.records.writer import int_feature, write_split
 
 from helpers import plan_of

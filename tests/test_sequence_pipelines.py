@@ -34,7 +34,7 @@ import tensorflow as tf
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import TpuCompatibilityError
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.stages import POSITION_KEYS
+from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS
 
 from sequence_child import TOKEN_BASE, segment_ids, tokens_of
 

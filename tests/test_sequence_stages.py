@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.core.resume_position import split_position
 from tpu_pipeline.pipeline.sequence_stages import Bucket, PadTo, bucket_batches
-from tpu_pipeline.pipeline.stages import split_position
 from tpu_pipeline.pipeline.stage_base import StageContext
 
 

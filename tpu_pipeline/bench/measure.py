@@ -31,8 +31,8 @@ from typing import Any, Iterable, Optional
 import psutil
 import tensorflow as tf
 
+from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS, last_position
 from tpu_pipeline.pipeline.efficiency import real_and_slots, real_examples, sequence_keys
-from tpu_pipeline.pipeline.stages import POSITION_KEYS, last_position
 from tpu_pipeline.system import available_cores  # noqa: F401  (re-exported for callers)
 
 

@@ -18,8 +18,9 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline import seeds
 from tpu_pipeline.pipeline.bad_records import SkipReport, check_copies_reachable, without_bad_records
+from tpu_pipeline.pipeline.core import seeds
+from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.empty_check import first_records
 from tpu_pipeline.pipeline.evaluation import evaluation_steps, for_evaluation
@@ -29,7 +30,7 @@ from tpu_pipeline.pipeline.modes import SequenceMode, sequence_mode
 from tpu_pipeline.pipeline.parts import Parts, parts_of
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.record_check import Vocabulary
-from tpu_pipeline.pipeline.sequence_stages import INDEX_KEY, Windowed
+from tpu_pipeline.pipeline.sequence_stages import Windowed
 from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.source_base import RecordFileSource, Source
 from tpu_pipeline.pipeline.source_factory import source_from_config
@@ -110,7 +111,7 @@ class Pipeline:
         `start` is the example where it starts (bucket: a multiple of the window), `chunk` the
         chunks of that example before it (pack), `skip` its outputs delivered before.
         `with_position`: each element comes as (element, position), the position being the
-        `stages.POSITION_KEYS` of its outputs (what the iterators save).
+        `resume_position.POSITION_KEYS` of its outputs (what the iterators save).
         """
         context = input_context or tf.distribute.InputContext()
         parts = self._parts_with_position(with_position)

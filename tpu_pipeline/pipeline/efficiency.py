@@ -33,12 +33,9 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, MASK_SUFFIX, SEGMENT_SUFFIX
 from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-
-MASK_SUFFIX = "_mask"  # pad, bucket: 1 on real tokens
-SEGMENT_SUFFIX = "_segment_ids"  # pack: 1, 2, ... per example, 0 on padding
-EXAMPLE_MASK = "example_mask"  # bucket: 1 on real examples (not a token key's mask)
 
 Keys = Union[str, Sequence[str], None]
 

@@ -8,7 +8,7 @@ What is saved: `position` (batches or global steps delivered by `next`) and `exa
 (the per-replica or global batch: a check that it did not change): two int64 scalars, 16 bytes (a
 bucket or pack pipeline adds three: where its window starts and its outputs delivered), whatever the shuffle
 buffer, record cache or record size. A pipeline's epochs are pure functions of (data.seed, epoch,
-input pipeline) (tpu_pipeline.pipeline.seeds), so after a restore the next `next` rebuilds the
+input pipeline) (tpu_pipeline.pipeline.core.seeds), so after a restore the next `next` rebuilds the
 dataset at that position (`Pipeline.build(start=...)`): it rebuilds the current epoch and skips the
 records already delivered, unparsed. tf.data's own iterator checkpoint saves whole shuffle buffers
 instead, and under a strategy was long not checkpointable at all.
@@ -32,9 +32,9 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.core.resume_position import last_position
 from tpu_pipeline.pipeline.reweighting import outputs_per_step, resumed
 from tpu_pipeline.pipeline.sequence_stages import Windowed
-from tpu_pipeline.pipeline.stages import last_position
 
 
 class ResumablePipeline(Protocol):

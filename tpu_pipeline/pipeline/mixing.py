@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline import seeds
+from tpu_pipeline.pipeline.core import seeds
 
 BLOCK = 4096  # positions per block: the shares' resolution (1/4096) and the most a share is ever off by
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY
+from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.parse import make_parser
 
 Features = dict[str, Any]

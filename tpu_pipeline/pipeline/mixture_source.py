@@ -29,7 +29,8 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.format import DatasetInfo
-from tpu_pipeline.pipeline.mixed_records import RECORDS_KEY, SOURCE_KEY, mixed
+from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
+from tpu_pipeline.pipeline.core.mixed_records import mixed
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions
 from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource
 from tpu_pipeline.pipeline.stage_base import StageContext

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline._common import tune
+from tpu_pipeline.pipeline.core.tuning import tune
 from tpu_pipeline.pipeline.placement import place, placement_order, size_weights
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 

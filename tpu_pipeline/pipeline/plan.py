@@ -17,7 +17,7 @@ import tensorflow as tf
 from tpu_pipeline.config.data import DataConfig, FeatureConfig, TFDSSourceConfig, TFRecordSourceConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import check_ops, get_op
-from tpu_pipeline.pipeline.mixed_records import SOURCE_KEY
+from tpu_pipeline.pipeline.core.element_keys import SOURCE_KEY
 from tpu_pipeline.pipeline.mixture_source import MixtureSource
 from tpu_pipeline.pipeline.modes import plan_sequence
 from tpu_pipeline.pipeline.source_base import ReadOptions, Source

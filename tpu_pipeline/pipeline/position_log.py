@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.stages import last_position
+from tpu_pipeline.pipeline.core.resume_position import last_position
 
 CAPACITY = 4096  # elements a consumer may run ahead of the step it saves (prefetch buffers are far smaller)
 

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.stages import POSITION_KEYS
+from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ def window_in_flight(pipeline: Any, context: tf.distribute.InputContext, start: 
 
 def _window_starts(position: dict) -> tf.Tensor:
     """int64 [n, 2]: the (example, chunk) where the window of each output of an element starts (an element
-    may carry one output's position or a block of them: `stages.position_fields`)."""
+    may carry one output's position or a block of them: `resume_position.position_fields`)."""
     hi, lo, chunk = (tf.cast(tf.reshape(position[key], [-1]), tf.int64) for key in POSITION_KEYS[:3])
     return tf.stack([hi * (1 << 31) + lo, chunk], axis=1)
 

@@ -8,7 +8,7 @@ the resume position that bucket and pack share are here, with `PackRows`.)
     PackRows(["tokens"], 1024, lengths={"tokens": 1024})   # rows, then a Batch of rows
 
 Windowed stages (bucket, pack) take `window` consecutive items of the stream, place them, and emit
-their outputs; each output carries its resume position (`stages.POSITION_KEYS`): the stream position
+their outputs; each output carries its resume position (`resume_position.POSITION_KEYS`): the stream position
 (example, chunk) where its window starts, and its index among the window's outputs. A resume needs
 only those three integers: `apply(position=example, chunk=chunk, skip=k)` rebuilds from there.
 Bucket windows are `window` examples (each cut to `length` first, so a window holds at most
@@ -24,19 +24,18 @@ from typing import Any, ClassVar, Mapping, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline import seeds
-from tpu_pipeline.pipeline._common import tune
+from tpu_pipeline.pipeline import packing
 from tpu_pipeline.pipeline.chunking import (CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message, spans,
                                              window_stream)
-from tpu_pipeline.pipeline.mixed_records import SOURCE_KEY
-from tpu_pipeline.pipeline import packing
+from tpu_pipeline.pipeline.core import seeds
+from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, SOURCE_KEY
+from tpu_pipeline.pipeline.core.resume_position import position_fields
+from tpu_pipeline.pipeline.core.tuning import tune
 from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import per_replica_batch_size, position_fields, rows_in_blocks
+from tpu_pipeline.pipeline.stages import per_replica_batch_size, rows_in_blocks
 
 Features = dict[str, Any]
-INDEX_KEY = "_index"  # an output's place among its window's outputs (stages.POSITION_KEYS)
-EXAMPLE_MASK = "example_mask"  # bucket mode: 1 for a real example, 0 for a padding one (an empty example is real)
 
 
 def fit_length(tokens: tf.Tensor, key: str, length: int, overflow: str) -> tf.Tensor:
@@ -121,7 +120,7 @@ class Windowed(Stage):
     """Base of bucket and pack: windows of examples → each window's outputs, numbered for resume.
 
     A subclass gives `place(numbered_windows, context)`: a dataset of (window index, window
-    features) → the outputs, each with the position keys (`stages.position_fields`).
+    features) → the outputs, each with the position keys (`resume_position.position_fields`).
     """
 
     keys: Sequence[str]

@@ -14,14 +14,14 @@ from typing import Any, Callable, ClassVar, Optional, Union
 import tensorflow as tf
 
 from tpu_pipeline.format import DatasetInfo
-from tpu_pipeline.pipeline._common import read_buffer
+from tpu_pipeline.pipeline.core.tuning import read_buffer
 
 
 @dataclasses.dataclass(frozen=True)
 class ReadOptions:
     """How a source reads its files, resolved (no 'auto' left that the plan decides)."""
 
-    seed: int = 0  # the seed tree's root (tpu_pipeline.pipeline.seeds): file order of each epoch
+    seed: int = 0  # the seed tree's root (tpu_pipeline.pipeline.core.seeds): file order of each epoch
     shuffle_files: bool = True
     sharding: str = "auto"  # auto | balanced | file | element | off
     cycle_length: Union[int, str] = 16  # files read at once (an int, or 'autotune')

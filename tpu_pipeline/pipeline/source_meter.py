@@ -13,8 +13,8 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.config.mixture import MixtureConfig
-from tpu_pipeline.pipeline.efficiency import EXAMPLE_MASK, _leaves, _real, sequence_keys
-from tpu_pipeline.pipeline.mixed_records import SOURCE_KEY
+from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, SOURCE_KEY
+from tpu_pipeline.pipeline.efficiency import _leaves, _real, sequence_keys
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 
 

@@ -27,8 +27,9 @@ from absl import logging
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format import DatasetInfo
-from tpu_pipeline.pipeline import read_order, seeds
-from tpu_pipeline.pipeline._common import AUTOTUNE, tune
+from tpu_pipeline.pipeline import read_order
+from tpu_pipeline.pipeline.core import seeds
+from tpu_pipeline.pipeline.core.tuning import AUTOTUNE, tune
 from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource, Source
 from tpu_pipeline.system import local_path
 

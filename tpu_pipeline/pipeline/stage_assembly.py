@@ -31,12 +31,12 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import SEQUENCE_KINDS, DataConfig
 from tpu_pipeline.ops import build_ops
-from tpu_pipeline.pipeline.mixed_records import with_sources
+from tpu_pipeline.pipeline.core.mixed_records import with_sources
 from tpu_pipeline.pipeline.mixture_parse import source_parser
+from tpu_pipeline.pipeline.modes import sequence_mode
 from tpu_pipeline.pipeline.options import make_options
 from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.plan import Plan
-from tpu_pipeline.pipeline.modes import sequence_mode
 from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.stages import (
     Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,

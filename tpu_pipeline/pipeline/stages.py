@@ -2,7 +2,7 @@
 
 They compose in `Pipeline`, but each can be used alone on any `tf.data.Dataset` (with
 `StageContext()`). Stages whose randomness changes per epoch (`uses_epoch`) read the epoch from the
-context, a scalar tensor: every seed comes from the seed tree (tpu_pipeline.pipeline.seeds) rooted
+context, a scalar tensor: every seed comes from the seed tree (tpu_pipeline.pipeline.core.seeds) rooted
 at `seed`.
 """
 from __future__ import annotations
@@ -14,10 +14,11 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops.registry import OpFn
-from tpu_pipeline.pipeline import seeds
-from tpu_pipeline.pipeline._common import tune
 from tpu_pipeline.pipeline.cache_key import check_cache_path, fingerprint, prepare_prefix
-from tpu_pipeline.pipeline.mixed_records import records_spec
+from tpu_pipeline.pipeline.core import seeds
+from tpu_pipeline.pipeline.core.mixed_records import records_spec
+from tpu_pipeline.pipeline.core.resume_position import split_position
+from tpu_pipeline.pipeline.core.tuning import tune
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.system import local_path
 
@@ -319,39 +320,11 @@ class Batch(Stage):
                              deterministic=self.deterministic)
 
 
-# A windowed stage's resume position, carried beside the features of each output: the stream position
-# (example, chunk) where the output's window (pack: its pool of rows) starts, and the output's index in
-# it. int32 fields (a position may travel to a TPU with its batch, which takes no int64), the example
-# number in two halves: a long run of short examples passes 2**31 of them.
-POSITION_KEYS = ("_example_hi", "_example", "_chunk", "_index")
-_HALF = 1 << 31
-
-
-def position_fields(example: tf.Tensor, chunk: tf.Tensor, index: tf.Tensor) -> Features:
-    """The position keys of outputs numbered `index` (a vector) of the window starting at (example, chunk)."""
-    example = tf.cast(example, tf.int64)
-    ones = tf.ones_like(index, tf.int32)
-    return {"_example_hi": tf.cast(example // _HALF, tf.int32) * ones, "_example": tf.cast(example % _HALF, tf.int32) * ones,
-            "_chunk": tf.cast(chunk, tf.int32) * ones, "_index": tf.cast(index, tf.int32)}
-
-
-def last_position(position: Features) -> tf.Tensor:
-    """int64 [example, chunk, index] of the last output in an element's position (a batch of rows carries one per row)."""
-    hi, lo, chunk, index = (tf.cast(tf.reshape(position[key], [-1])[-1], tf.int64) for key in POSITION_KEYS)
-    return tf.stack([hi * _HALF + lo, chunk, index])
-
-
-def split_position(features: Features) -> tuple[Features, Features]:
-    """(the features without the resume position, the position: {} where there is none)."""
-    return ({k: v for k, v in features.items() if k not in POSITION_KEYS},
-            {k: features[k] for k in POSITION_KEYS if k in features})
-
-
 @dataclasses.dataclass(frozen=True)
 class ToOutputs(Stage):
     """Feature dict → (inputs, targets) as Keras fit expects; a list of keys keeps a dict.
 
-    A windowed pipeline's elements carry their resume position (`POSITION_KEYS`); it is dropped,
+    A windowed pipeline's elements carry their resume position (`resume_position.POSITION_KEYS`); it is dropped,
     or with `position=True` (the package's own iterators) returned beside: (outputs, position).
     """
 

@@ -17,8 +17,8 @@ from tpu_pipeline.config.data import TFDSSourceConfig
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format import DatasetInfo
 from tpu_pipeline.format.tfds import KEY, import_tfds, load_builder, not_prepared_error, tfds_info
-from tpu_pipeline.pipeline import seeds
-from tpu_pipeline.pipeline._common import tune
+from tpu_pipeline.pipeline.core import seeds
+from tpu_pipeline.pipeline.core.tuning import tune
 from tpu_pipeline.pipeline.source_base import ReadOptions, Source
 from tpu_pipeline.pipeline.sources import choose_sharding
 

@@ -14,8 +14,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-RECORDS_KEY = "_records"  # a mixed element's serialized records
-SOURCE_KEY = "_source"  # each mixed example's source: its index in data.mixture.sources
+from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 
 Features = dict[str, Any]
 

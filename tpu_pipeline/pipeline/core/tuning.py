@@ -1,4 +1,4 @@
-"""Tiny helpers shared by the pipeline stages."""
+"""tf.data tuning from the config: parallelism (`tune`: autotune, auto = the cores, or a number) and read buffers."""
 from __future__ import annotations
 
 from typing import Union
