@@ -65,7 +65,7 @@ def test_the_shipped_text_config_takes_each_mode_with_one_override(mode, overflo
     """configs/text_lm.yaml's documents are longer than a row: overflow auto splits them in pack mode and
     keeps their heads in pad and bucket modes, so the mode is the only key to change (the plan says so)."""
     from tpu_pipeline.pipeline.plan import make_plan
-    from tpu_pipeline.pipeline.sources import ArraySource
+    from tpu_pipeline.pipeline.sources.arrays import ArraySource
 
     config = load_config(TEXT_LM, [f"data.sequence.mode={mode}"])
     assert config.data.sequence.overflow == "auto" and config.data.sequence.resolved_overflow() == overflow

@@ -19,8 +19,8 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions, block_quotas
 from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
-from tpu_pipeline.pipeline.source_base import ReadOptions
-from tpu_pipeline.pipeline.sources import TFRecordSource
+from tpu_pipeline.pipeline.sources.base import ReadOptions
+from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords
 
 SMALL_BLOCK = 64  # a small block, so the properties cross many blocks in a short replay

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
-from tpu_pipeline.pipeline.source_base import ReadOptions
-from tpu_pipeline.pipeline.sources import TFRecordSource
+from tpu_pipeline.pipeline.sources.base import ReadOptions
+from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords
 
 LIMIT = 4096 + 300  # past the first block, so a block boundary is crossed

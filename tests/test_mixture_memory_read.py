@@ -20,9 +20,9 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.plan import make_plan
-from tpu_pipeline.pipeline.source_base import ReadOptions
 from tpu_pipeline.pipeline.source_factory import mixture_from_config
-from tpu_pipeline.pipeline.sources import TFRecordSource
+from tpu_pipeline.pipeline.sources.base import ReadOptions
+from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords
 
 LIMIT = 3000  # several epochs of every source

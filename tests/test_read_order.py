@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.read_order import epoch_indices
+from tpu_pipeline.pipeline.sources.read_order import epoch_indices
 
 
 def interleaved(firsts, takes, record_block, cycle, block_length, parallel):

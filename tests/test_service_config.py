@@ -60,7 +60,7 @@ def test_bad_service_keys_are_one_line_errors(files, service, message):
 def test_evaluation_and_in_memory_arrays_and_file_caches_are_refused(files, tmp_path):
     import numpy as np
 
-    from tpu_pipeline.pipeline.sources import ArraySource
+    from tpu_pipeline.pipeline.sources.arrays import ArraySource
 
     eval_section = data_with(files, {"address": REMOTE})
     with pytest.raises(ConfigError, match=r"eval_data\.service: exact evaluation reads every record once"):

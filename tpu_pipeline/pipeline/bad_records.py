@@ -30,12 +30,12 @@ from absl import logging
 
 from tpu_pipeline.config.data import DataConfig, service_host_port
 from tpu_pipeline.errors import ConfigError, DataError
-from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.record_check import (TAIL_KINDS, Fault, FileChecker, Vocabulary, count_by_kind,
                                                 dataset_vocabularies)
 from tpu_pipeline.pipeline.record_scan import Record, scan_records
-from tpu_pipeline.pipeline.source_base import RecordFileSource
-from tpu_pipeline.pipeline.sources import TFRecordSource
+from tpu_pipeline.pipeline.sources.base import RecordFileSource
+from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
+from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.system import available_cores, default_cache_dir
 
 VERSION = 2  # 2: token features checked (vocabulary, empty documents)

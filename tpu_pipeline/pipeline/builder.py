@@ -32,8 +32,8 @@ from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.record_check import Vocabulary
 from tpu_pipeline.pipeline.sequence_stages import Windowed
 from tpu_pipeline.pipeline.service_split import ServiceSplit
-from tpu_pipeline.pipeline.source_base import RecordFileSource, Source
 from tpu_pipeline.pipeline.source_factory import source_from_config
+from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
 from tpu_pipeline.pipeline.spec_check import check_first_record
 from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext

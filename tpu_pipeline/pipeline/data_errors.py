@@ -26,8 +26,8 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import DataError, TpuPipelineError
 from tpu_pipeline.pipeline.plan import make_plan
 from tpu_pipeline.pipeline.record_check import Fault, FileChecker, Vocabulary, dataset_vocabularies, tf_message
-from tpu_pipeline.pipeline.source_base import RecordFileSource, Source
 from tpu_pipeline.pipeline.source_factory import source_from_config
+from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
 
 # What TF raises at run time for data it cannot read, parse or decode (a short file fails
 # assert_cardinality: FailedPrecondition); OutOfRangeError is the end, not a fault.

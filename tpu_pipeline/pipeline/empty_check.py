@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import DataError
 from tpu_pipeline.format import load_dataset_dir
-from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.mixture_source import MixtureSource
-from tpu_pipeline.pipeline.source_base import RecordFileSource
+from tpu_pipeline.pipeline.sources.base import RecordFileSource
+from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.spec_check import first_record
 
 # (a file that holds a record, its first record or None where counts said so without reading it), per source
@@ -48,7 +48,7 @@ def _first(part: RecordFileSource) -> Found:
     listed = files_source.listed_counts()
     if files and all(count is not None for count in listed):
         # metadata.json's counts, read as listed: a file that lost its records is named when the source is
-        # read (`sources.check_sizes`), in a line of its own
+        # read (`files.check_sizes`), in a line of its own
         return next(((path, None) for path, count in zip(files, listed) if count), None)
     for path in files:
         record = first_record(path, files_source.compression)

@@ -16,7 +16,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK
 from tpu_pipeline.pipeline.parts import Parts
-from tpu_pipeline.pipeline.source_base import RecordFileSource, Source
+from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
 from tpu_pipeline.pipeline.stage_base import Stage, StageContext
 from tpu_pipeline.pipeline.stages import per_replica_batch_size
 

@@ -32,7 +32,7 @@ from tpu_pipeline.format import DatasetInfo
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.core.mixed_records import mixed
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions
-from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource
+from tpu_pipeline.pipeline.sources.base import ReadOptions, RecordFileSource
 from tpu_pipeline.pipeline.stage_base import StageContext
 from tpu_pipeline.pipeline.stages import WindowShuffle
 

@@ -20,7 +20,7 @@ from tpu_pipeline.ops import check_ops, get_op
 from tpu_pipeline.pipeline.core.element_keys import SOURCE_KEY
 from tpu_pipeline.pipeline.mixture_source import MixtureSource
 from tpu_pipeline.pipeline.modes import plan_sequence
-from tpu_pipeline.pipeline.source_base import ReadOptions, Source
+from tpu_pipeline.pipeline.sources.base import ReadOptions, Source
 from tpu_pipeline.system import available_memory_bytes
 
 BATCHED_RECORD_BLOCK = 256  # records per interleave element when parsing whole batches

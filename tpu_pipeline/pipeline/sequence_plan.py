@@ -10,7 +10,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.pipeline.source_base import Source
+from tpu_pipeline.pipeline.sources.base import Source
 
 FilesBytes = Callable[[tuple[str, ...], int], Optional[int]]  # the files' total size, None past the limit
 

@@ -6,11 +6,12 @@ pipeline reads): kept in a module of its own so neither has to import the other 
 from __future__ import annotations
 
 from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig
-from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
-from tpu_pipeline.pipeline.source_base import Source
-from tpu_pipeline.pipeline.sources import ArraySource, TFRecordSource
-from tpu_pipeline.pipeline.tfds_source import TFDSSource
+from tpu_pipeline.pipeline.sources.arrays import ArraySource
+from tpu_pipeline.pipeline.sources.base import Source
+from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
+from tpu_pipeline.pipeline.sources.tfds import TFDSSource
+from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 
 
 def source_from_config(config: DataConfig) -> Source:

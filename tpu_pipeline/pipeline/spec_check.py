@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.example_check import misfit
-from tpu_pipeline.pipeline.source_base import RecordFileSource
+from tpu_pipeline.pipeline.sources.base import RecordFileSource
 
 
 def first_record(path: str, compression: str = "") -> Optional[bytes]:

@@ -18,9 +18,9 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.dataset_dir import DatasetDirSource
-from tpu_pipeline.pipeline.sources import TFRecordSource
 from tpu_pipeline.pipeline.record_check import tf_message
+from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
+from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 
 _ELEMENT, _EMPTY, _SLOW, _FAILED = "element", "empty", "slow", "failed"
 

@@ -12,7 +12,7 @@ from tpu_pipeline.pipeline.modes.bucket import BucketMode
 from tpu_pipeline.pipeline.modes.pack import PackMode
 from tpu_pipeline.pipeline.modes.pad import PadMode
 from tpu_pipeline.pipeline.sequence_plan import FilesBytes, SequencePlan
-from tpu_pipeline.pipeline.source_base import Source
+from tpu_pipeline.pipeline.sources.base import Source
 
 MODES: dict[str, SequenceMode] = {mode.name: mode for mode in (PadMode(), BucketMode(), PackMode())}
 

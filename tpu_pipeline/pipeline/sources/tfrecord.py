@@ -1,160 +1,28 @@
-"""Source stages: where elements come from, and how they are split between input pipelines.
+"""TFRecord files as a source: listed, ordered per epoch from the seed tree, sharded (`sharding`) and
+interleaved; yields serialized records, or blocks of them.
 
-Sharding is by record, balanced ('auto'): each epoch's record order is the files in that epoch's
-order (from the seed tree, identical on every host) laid end to end, and input pipeline i reads
-records [i*L, (i+1)*L) of it, L = N // n. So every pipeline reads exactly L records in every epoch
-(pipelines stay in step, and a position is two integers: epoch and offset); the N mod n records at
-the end of the epoch's order are left out of that epoch (other ones each epoch), with a log line. A
-pipeline reads only the files its range touches, skipping (not parsing) the head of its first file.
-The record counts come from metadata.json, or from one counting pass over a bare glob.
-
-tensorflow/models' InputReader split ('file': whole files per pipeline, uneven when files are;
-'element': every pipeline reads everything and keeps every n-th element) stays available by name.
+A balanced read (`_read_balanced`) has input pipeline i read records [iL, (i+1)L) of the epoch's
+files laid end to end, touching only the files that range covers and skipping, unparsed, the head
+of its first one; with the plan's record cache, the records are read once into memory and each
+epoch's order is one vector of indices (`read_order`).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
-import os
-import re
-import threading
-from typing import ClassVar, Mapping, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tpu_pipeline.errors import ConfigError, DataError
-from tpu_pipeline.format import DatasetInfo
-from tpu_pipeline.pipeline import read_order
+from tpu_pipeline.errors import DataError
 from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.tuning import AUTOTUNE, tune
-from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource, Source
-from tpu_pipeline.system import local_path
-
-
-def list_files(patterns: Union[str, Sequence[str]]) -> list[str]:
-    """Expands globs (comma-separated or a list; local or gs://) to a sorted, de-duplicated file list."""
-    if isinstance(patterns, str):
-        patterns = [p.strip() for p in patterns.split(",") if p.strip()]
-    files: list[str] = []
-    for pattern in patterns:
-        pattern = local_path(pattern)
-        matched = tf.io.gfile.glob(pattern)
-        if not matched:
-            raise DataError(
-                f"data.source.files: pattern {pattern!r} matches no file; check the path "
-                "(and that gs:// credentials are set up on this machine)"
-            )
-        files.extend(_readable_files(pattern, matched))
-    return sorted(set(files))
-
-
-def _readable_files(pattern: str, matched: list[str]) -> list[str]:
-    """The matches, or a one-line error for one that cannot be read as a file (TF's own error would
-    come later, from inside the pipeline, without the path)."""
-    for path in matched:
-        if "://" not in path and os.path.islink(path) and not os.path.exists(path):
-            raise DataError(f"data.source.files: {path!r} (from {pattern!r}) is a symbolic link to "
-                            f"{os.readlink(path)!r}, which does not exist; fix or remove the link, or narrow the pattern")
-        if tf.io.gfile.isdir(path):
-            raise DataError(f"data.source.files: {pattern!r} matches the directory {path!r}; match files only "
-                            f"(e.g. {tf.io.gfile.join(path, '*.tfrecord')!r}), or use data.source.dir for a converted dataset")
-    return matched
-
-
-def check_sizes(files: Sequence[str], counts: Sequence[int], origin: str) -> None:
-    """A file far too small for the records `origin` (metadata.json) lists is an error now, not a
-    short epoch later: every TFRecord takes at least 16 bytes of framing. One stat per file, in parallel."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-        sizes = list(pool.map(lambda path: int(tf.io.gfile.stat(path).length), files))
-    for path, size, count in zip(files, sizes, counts):
-        if size < 16 * count:
-            what = "is empty (0 bytes)" if size == 0 else f"has {size:,} bytes, too few for them"
-            raise DataError(f"{path}: {origin} lists {count} record(s) in this file, but it {what}; the file is damaged "
-                            "or was replaced: write the dataset again (tpu-pipeline convert), or restore the file")
-
-
-def choose_sharding(requested: str, num_files: int, num_pipelines: int, balanced: bool = False) -> str:
-    """'none', 'balanced', 'file' or 'element' for this many files and input pipelines.
-
-    `balanced`: the source can split records evenly (it knows or can count its records); then
-    'auto' picks it.
-    """
-    if num_pipelines <= 1 or requested == "off":
-        return "none"
-    if requested == "balanced" or (requested == "auto" and balanced):
-        if not balanced:
-            raise ConfigError("data.source.sharding=balanced needs a source of TFRecord files or arrays; use auto")
-        return "balanced"
-    if requested == "auto":
-        if num_files >= num_pipelines:
-            return "file"
-        logging.warning(
-            "Only %d file(s) for %d input pipelines: sharding by element, so every pipeline reads "
-            "every file and keeps 1/%d of the records. Write at least %d shards to shard by file.",
-            num_files, num_pipelines, num_pipelines, num_pipelines,
-        )
-        return "element"
-    if requested == "file" and num_files < num_pipelines:
-        raise ConfigError(
-            f"data.source.sharding=file needs at least one file per input pipeline, but there are "
-            f"{num_files} file(s) for {num_pipelines} pipelines; use sharding=auto or element, or write more shards"
-        )
-    return requested
-
-
-def balanced_range(total: int, context: tf.distribute.InputContext, cover_all: bool = False) -> tuple[int, int]:
-    """Records [low, high) of an epoch's order that input pipeline i reads: L = total // n each (the
-    rest left out), or with `cover_all` every record, shares uneven by at most one (evaluation)."""
-    pipelines, index = context.num_input_pipelines, context.input_pipeline_id
-    if cover_all:
-        return index * total // pipelines, (index + 1) * total // pipelines
-    length = total // pipelines
-    return index * length, (index + 1) * length
-
-
-_COUNTS: dict[tuple[str, str, int, int], int] = {}
-_COUNTS_LOCK = threading.Lock()
-
-
-def count_records(files: Sequence[str], compression: str = "") -> list[int]:
-    """Records per file, by one fast pass (framing and CRC, no parse), remembered per process by
-    (path, size, mtime): a bare glob has no metadata.json to tell them."""
-    keys = []
-    for path in files:
-        stat = tf.io.gfile.stat(path)
-        keys.append((path, compression, int(stat.length), int(stat.mtime_nsec)))
-    with _COUNTS_LOCK, tf.init_scope():  # eagerly, even when a pipeline builds an epoch inside a function
-        missing = [key for key in keys if key not in _COUNTS]
-        if missing:
-            logging.info("counting the records of %d file(s) once (a converted dataset's metadata.json has them)",
-                         len(missing))
-            paths = tf.data.Dataset.from_tensor_slices([key[0] for key in missing])
-            counted = paths.map(
-                lambda path: tf.data.TFRecordDataset(path, compression_type=compression).reduce(
-                    tf.constant(0, tf.int64), lambda count, _: count + 1),
-                num_parallel_calls=8, deterministic=True)
-            try:
-                for key, count in zip(missing, counted.as_numpy_iterator()):
-                    _COUNTS[key] = int(count)
-            except tf.errors.DataLossError:
-                _name_damaged_file([key[0] for key in missing], compression)
-                raise
-        return [_COUNTS[key] for key in keys]
-
-
-def _name_damaged_file(files: Sequence[str], compression: str) -> None:
-    """Counting failed somewhere in `files` (TF's error names no file): find the file, one by one."""
-    for path in files:
-        try:
-            tf.data.TFRecordDataset(path, compression_type=compression).reduce(0, lambda count, _: count + 1)
-        except tf.errors.DataLossError as error:
-            found = re.search(r"(corrupted|truncated) record at \d+", str(error))
-            what = found.group(0) if found else "unreadable"
-            raise DataError(f"{path}: {what} (bytes that are not TFRecord framing: a damaged or truncated file); copy "
-                            "or convert it again; tpu-pipeline verify lists every damaged record") from None
+from tpu_pipeline.pipeline.sources import read_order
+from tpu_pipeline.pipeline.sources.base import ReadOptions, RecordFileSource
+from tpu_pipeline.pipeline.sources.files import check_sizes, count_records, list_files
+from tpu_pipeline.pipeline.sources.sharding import balanced_range, choose_sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -371,57 +239,3 @@ class TFRecordSource(RecordFileSource):
         if skip is not None:
             records = records.skip(skip).take(take)
         return records.batch(self.read.record_block) if self.read.record_block else records
-
-
-@dataclasses.dataclass(frozen=True)
-class ArraySource(Source):
-    """In-memory arrays (the classic tutorials' from_tensor_slices): an equal slice per input
-    pipeline ('auto'), or every n-th element ('element')."""
-
-    in_memory: ClassVar[bool] = True
-    arrays: Mapping[str, np.ndarray]
-    sharding: str = "auto"
-
-    @classmethod
-    def from_npz(cls, path: str, sharding: str = "auto") -> "ArraySource":
-        path = local_path(path)
-        if not tf.io.gfile.exists(path):
-            raise DataError(f"data.source.path: {path!r} does not exist")
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            loaded = np.load(handle)
-            return cls(arrays={k: loaded[k] for k in loaded.files}, sharding=sharding)
-
-    def info(self) -> DatasetInfo:
-        lengths = {len(value) for value in self.arrays.values()}
-        features = {key: list(np.shape(value)[1:]) for key, value in self.arrays.items()}
-        return DatasetInfo(lengths.pop() if len(lengths) == 1 else None, None, features)
-
-    def _mode(self, context: tf.distribute.InputContext) -> str:
-        return choose_sharding(self.sharding, 0, context.num_input_pipelines, balanced=True)
-
-    def epoch_length(self, context: tf.distribute.InputContext) -> Optional[int]:
-        total = self.info().num_examples
-        if total is None:
-            return None
-        pipelines, index = context.num_input_pipelines, context.input_pipeline_id
-        mode = self._mode(context)
-        if mode == "none":
-            return total
-        if mode == "balanced":
-            return total // pipelines
-        return -(-(total - index) // pipelines)  # element: every n-th, starting at this pipeline's index
-
-    def build(self, context: tf.distribute.InputContext, epoch: Optional[tf.Tensor] = None) -> tf.data.Dataset:
-        lengths = {key: len(value) for key, value in self.arrays.items()}
-        if len(set(lengths.values())) != 1:
-            raise DataError(f"in-memory arrays differ in their first dimension: {lengths}; they must all be equal")
-        mode = self._mode(context)
-        if mode == "balanced":
-            # An equal, contiguous slice per input pipeline; the last N mod n elements are left out.
-            length = self.epoch_length(context)
-            low = context.input_pipeline_id * length
-            return tf.data.Dataset.from_tensor_slices({k: v[low:low + length] for k, v in self.arrays.items()})
-        dataset = tf.data.Dataset.from_tensor_slices(dict(self.arrays))
-        if mode == "element":
-            dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
-        return dataset

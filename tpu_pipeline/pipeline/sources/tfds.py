@@ -19,8 +19,8 @@ from tpu_pipeline.format import DatasetInfo
 from tpu_pipeline.format.tfds import KEY, import_tfds, load_builder, not_prepared_error, tfds_info
 from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.tuning import tune
-from tpu_pipeline.pipeline.source_base import ReadOptions, Source
-from tpu_pipeline.pipeline.sources import choose_sharding
+from tpu_pipeline.pipeline.sources.base import ReadOptions, Source
+from tpu_pipeline.pipeline.sources.sharding import choose_sharding
 
 
 def _num_files(builder: Any, split: str) -> Optional[int]:

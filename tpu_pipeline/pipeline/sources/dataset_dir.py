@@ -11,8 +11,8 @@ from typing import Optional
 import tensorflow as tf
 
 from tpu_pipeline.format import DEFAULT_SPLIT, DatasetInfo, dir_features, load_dataset_dir
-from tpu_pipeline.pipeline.source_base import ReadOptions, RecordFileSource
-from tpu_pipeline.pipeline.sources import TFRecordSource
+from tpu_pipeline.pipeline.sources.base import ReadOptions, RecordFileSource
+from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.system import local_path
 
 
