@@ -50,7 +50,7 @@ import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tpu_pipeline.pipeline.packing import ALGORITHMS, Packer, pack_window  # noqa: E402
-from tpu_pipeline.pipeline.stage_base import StageContext  # noqa: E402
+from tpu_pipeline.pipeline.stages.base import StageContext  # noqa: E402
 
 WORKLOADS = {  # name: (median tokens, lognormal sigma, row length, examples per pass)
     "long": (300, 1.0, 1024, 4096),

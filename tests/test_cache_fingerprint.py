@@ -16,9 +16,9 @@ import tensorflow as tf
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline import cache_key
 from tpu_pipeline.pipeline.plan import make_plan
 from tpu_pipeline.pipeline.source_factory import source_from_config
+from tpu_pipeline.pipeline.stages import cache_key
 
 from tpu_pipeline.records.writer import int_feature
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import OptionsConfig
 from tpu_pipeline.pipeline import ArraySource, Batch, Cache, MapFeatures, Pipeline, Prefetch, Repeat, Shuffle, make_options
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 
 def test_options_map_to_current_tf_data_names():

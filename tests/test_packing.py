@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.packing import ALGORITHMS, Packer, pack_window
-from tpu_pipeline.pipeline.stage_base import StageContext
+from tpu_pipeline.pipeline.stages.base import StageContext
 
 KEYS = ("inputs", "targets", "extra")
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,4 @@
-"""A pipeline's structure is its named parts (tpu_pipeline.pipeline.parts), split once from its stages
+"""A pipeline's structure is its named parts (tpu_pipeline.pipeline.stages.roles), split once from its stages
 by the roles they declare: what is built once, per epoch, the repeat, the stream, and the windowed
 stage, the batch, the outputs, the service split by name. Nothing else reads the list back by type."""
 from __future__ import annotations
@@ -15,16 +15,21 @@ import tensorflow as tf
 from helpers import small_config, write_small_shards
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.pipeline import ArraySource, Pipeline
-from tpu_pipeline.pipeline.parts import parts_of
 from tpu_pipeline.pipeline.sequence_stages import Bucket, PackRows
-from tpu_pipeline.pipeline.service_split import ServiceSplit
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
-)
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.batching import Batch
+from tpu_pipeline.pipeline.stages.cache import Cache
+from tpu_pipeline.pipeline.stages.map_features import MapFeatures
+from tpu_pipeline.pipeline.stages.options import WithOptions
+from tpu_pipeline.pipeline.stages.outputs import ToOutputs
+from tpu_pipeline.pipeline.stages.prefetch import Prefetch
+from tpu_pipeline.pipeline.stages.repeat import Repeat
+from tpu_pipeline.pipeline.stages.roles import split_by_roles
+from tpu_pipeline.pipeline.stages.service_split import ServiceSplit
+from tpu_pipeline.pipeline.stages.shuffles import Shuffle, WindowShuffle
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tpu_pipeline"
-OWNER = "pipeline/parts.py"  # the one module that may split stages by what they are
+OWNER = "pipeline/stages/roles.py"  # the one module that may split stages by what they are
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +163,7 @@ def test_a_pipeline_with_no_repeat_is_one_epoch_and_a_bucket_is_windowed_and_the
 
 def test_parts_are_rewritten_by_name():
     batch, outputs = Batch(4), ToOutputs("x", None)
-    parts = parts_of([Repeat(None), batch, outputs, WithOptions(tf.data.Options()), WithOptions(tf.data.Options())])
+    parts = split_by_roles([Repeat(None), batch, outputs, WithOptions(tf.data.Options()), WithOptions(tf.data.Options())])
     assert parts.options is parts.stages[-1]  # the last options, as tf.data applies them
     smaller = parts.replaced(batch=Batch(2))
     assert smaller.batch.global_batch_size == 2 and smaller.outputs is outputs and len(smaller.stages) == 5
@@ -173,7 +178,7 @@ def test_roles_are_checked_and_what_is_not_a_stage_is_refused():
         roles = ("batches",)
 
     with pytest.raises(ValueError, match=r"unknown stage roles \['batches'\]"):
-        parts_of([Odd()])
+        split_by_roles([Odd()])
     with pytest.raises(TypeError, match="is not a stage"):
         Pipeline(ArraySource({"x": np.arange(4)}), [lambda dataset: dataset])
 

@@ -12,8 +12,8 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import register_op, scoped_ops
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.core import seeds
-from tpu_pipeline.pipeline.stage_base import StageContext
-from tpu_pipeline.pipeline.stages import MapFeatures
+from tpu_pipeline.pipeline.stages.base import StageContext
+from tpu_pipeline.pipeline.stages.map_features import MapFeatures
 from tpu_pipeline.records.writer import int_feature, write_split
 
 from helpers import plan_of
@@ -216,7 +216,7 @@ def test_the_record_shuffle_changes_with_the_epoch_and_each_epoch_is_reproducibl
 
 def test_the_shuffle_stage_folds_in_the_epoch():
     """The stage alone: its seed is (data.seed, pipeline, epoch), so epochs differ and each repeats."""
-    from tpu_pipeline.pipeline.stages import Shuffle
+    from tpu_pipeline.pipeline.stages.shuffles import Shuffle
 
     def order(stage, epoch: int, pipeline: int = 0) -> list[int]:
         context = tf.distribute.InputContext(2, pipeline, 2)

@@ -8,8 +8,9 @@ from helpers import data_config, write_jpeg_shards
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.service_split import ServiceSplit
-from tpu_pipeline.pipeline.stages import Prefetch, ToOutputs
+from tpu_pipeline.pipeline.stages.outputs import ToOutputs
+from tpu_pipeline.pipeline.stages.prefetch import Prefetch
+from tpu_pipeline.pipeline.stages.service_split import ServiceSplit
 
 REMOTE = "grpc://10.0.0.2:5050"  # never contacted: these tests stop before any dataset is read
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Batch, Pipeline, Repeat, WindowShuffle
-from tpu_pipeline.pipeline.stage_base import StageContext
+from tpu_pipeline.pipeline.stages.base import StageContext
 
 from tpu_pipeline.format import write_metadata
 from tpu_pipeline.records.writer import write_split

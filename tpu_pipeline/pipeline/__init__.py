@@ -1,7 +1,5 @@
 """Composable tf.data stages and the Pipeline that builds them per input pipeline. No Keras here."""
 from tpu_pipeline.pipeline.builder import Pipeline, build_dataset
-from tpu_pipeline.pipeline.options import make_options
-from tpu_pipeline.pipeline.parse import feature_spec, make_parser
 from tpu_pipeline.pipeline.plan import Decision, Plan, make_plan
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources.arrays import ArraySource
@@ -12,11 +10,16 @@ from tpu_pipeline.pipeline.sources.sharding import choose_sharding
 from tpu_pipeline.pipeline.sources.tfds import TFDSSource
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
-    per_replica_batch_size,
-)
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.batching import Batch, per_replica_batch_size
+from tpu_pipeline.pipeline.stages.cache import Cache
+from tpu_pipeline.pipeline.stages.map_features import MapFeatures
+from tpu_pipeline.pipeline.stages.options import WithOptions, make_options
+from tpu_pipeline.pipeline.stages.outputs import ToOutputs
+from tpu_pipeline.pipeline.stages.parse import feature_spec, make_parser
+from tpu_pipeline.pipeline.stages.prefetch import Prefetch
+from tpu_pipeline.pipeline.stages.repeat import Repeat
+from tpu_pipeline.pipeline.stages.shuffles import Shuffle, WindowShuffle
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible, tpu_problems
 
 __all__ = [

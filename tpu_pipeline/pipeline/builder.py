@@ -1,6 +1,6 @@
 """The Pipeline: a source and its stages, built once per input pipeline (tf.distribute.InputContext).
 
-What it does with them, reading them by their parts (`parts.Parts`, split once from the list: what is
+What it does with them, reading them by their parts (`roles.Parts`, split once from the list: what is
 built once, per epoch, the repeat, the stream; the windowed stage, the batch, the outputs, the service
 split by name): the epochs (stages before a `Repeat` built per epoch, so they know it; those up to a
 cache once), the resume (examples delivered → (epoch, offset), the epoch rebuilt and the
@@ -23,21 +23,22 @@ from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.empty_check import first_records
-from tpu_pipeline.pipeline.evaluation import evaluation_steps, for_evaluation
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.mixture_weights import by_tokens
 from tpu_pipeline.pipeline.modes import SequenceMode, sequence_mode
-from tpu_pipeline.pipeline.parts import Parts, parts_of
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.record_check import Vocabulary
 from tpu_pipeline.pipeline.sequence_stages import Windowed
-from tpu_pipeline.pipeline.service_split import ServiceSplit
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
 from tpu_pipeline.pipeline.spec_check import check_first_record
 from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import SplitPosition, per_replica_batch_size
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.batching import per_replica_batch_size
+from tpu_pipeline.pipeline.stages.evaluation import evaluation_steps, for_evaluation
+from tpu_pipeline.pipeline.stages.outputs import SplitPosition
+from tpu_pipeline.pipeline.stages.roles import Parts, split_by_roles
+from tpu_pipeline.pipeline.stages.service_split import ServiceSplit
 from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
 
 FIRST_EPOCH = 0
@@ -71,7 +72,7 @@ class Pipeline:
     so file order and shuffles get that epoch's seeds), those after it run on the stream of
     epochs. Stages up to a `Cache` (and a source that caches its records) are built once: the
     cache fills in the first epoch and replays it after. `parts` holds that split, made once here
-    from `stages` (`parts.parts_of`, by the roles the stages declare), and names the stages other code
+    from `stages` (`roles.split_by_roles`, by the roles the stages declare), and names the stages other code
     needs: `windowed`, `batch`, `outputs`, `service`.
     """
 
@@ -88,7 +89,7 @@ class Pipeline:
     parts: Parts = dataclasses.field(init=False, repr=False, compare=False)  # `stages` by part, split once
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "parts", parts_of(self.stages))
+        object.__setattr__(self, "parts", split_by_roles(self.stages))
 
     def with_parts(self, parts: Parts) -> "Pipeline":
         """This pipeline with its stages rewritten by part (`Parts.replaced`, `Parts.inserted`)."""
@@ -96,7 +97,7 @@ class Pipeline:
 
     def with_stage(self, stage: Stage, *, before: Optional[str] = None, after: Optional[str] = None) -> "Pipeline":
         """This pipeline with `stage` inserted before or after a named part (`outputs`, `service`, ...:
-        `parts.NAMED`), or at the end where that part is absent."""
+        `roles.NAMED`), or at the end where that part is absent."""
         return self.with_parts(self.parts.inserted(stage, before=before, after=after))
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, MASK_SUFFIX, SEGMENT_SUFFIX
 from tpu_pipeline.pipeline.packing import Packer
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 Keys = Union[str, Sequence[str], None]
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
-from tpu_pipeline.pipeline.parse import make_parser
+from tpu_pipeline.pipeline.stages.parse import make_parser
 
 Features = dict[str, Any]
 

@@ -33,8 +33,8 @@ from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.core.mixed_records import mixed
 from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions
 from tpu_pipeline.pipeline.sources.base import ReadOptions, RecordFileSource
-from tpu_pipeline.pipeline.stage_base import StageContext
-from tpu_pipeline.pipeline.stages import WindowShuffle
+from tpu_pipeline.pipeline.stages.base import StageContext
+from tpu_pipeline.pipeline.stages.shuffles import WindowShuffle
 
 SOURCE_BLOCK = 256  # records per element each source reads when the plan reads single records
 EXHAUSTED = ("repeat", "drop", "stop")

@@ -30,8 +30,8 @@ from tpu_pipeline.format.example_check import (Record as Proto, context_features
 from tpu_pipeline.format.metadata import read_metadata
 from tpu_pipeline.format.vocabulary import Vocabulary, checked_vocabulary, model_vocabulary, tokenizer_vocabulary
 from tpu_pipeline.ops import build_ops
-from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.record_scan import FramingFault, Record, scan_records
+from tpu_pipeline.pipeline.stages.parse import make_parser
 
 FIXES = {
     "truncated": "the file was cut short (an interrupted copy or write): copy or convert it again",

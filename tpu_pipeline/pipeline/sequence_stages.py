@@ -32,8 +32,8 @@ from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, SOURCE_KEY
 from tpu_pipeline.pipeline.core.resume_position import position_fields
 from tpu_pipeline.pipeline.core.tuning import tune
 from tpu_pipeline.pipeline.packing import Packer
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import per_replica_batch_size, rows_in_blocks
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.batching import per_replica_batch_size, rows_in_blocks
 
 Features = dict[str, Any]
 

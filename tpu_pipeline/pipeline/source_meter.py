@@ -15,7 +15,7 @@ import tensorflow as tf
 from tpu_pipeline.config.mixture import MixtureConfig
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, SOURCE_KEY
 from tpu_pipeline.pipeline.efficiency import _leaves, _real, sequence_keys
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 
 def source_counts(batch: Any, num_sources: int, source_key: str = SOURCE_KEY) -> tuple[tf.Tensor, tf.Tensor]:

@@ -34,13 +34,17 @@ from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.core.mixed_records import with_sources
 from tpu_pipeline.pipeline.mixture_parse import source_parser
 from tpu_pipeline.pipeline.modes import sequence_mode
-from tpu_pipeline.pipeline.options import make_options
-from tpu_pipeline.pipeline.parse import make_parser
 from tpu_pipeline.pipeline.plan import Plan
-from tpu_pipeline.pipeline.service_split import ServiceSplit
-from tpu_pipeline.pipeline.stages import (
-    Batch, Cache, MapFeatures, Prefetch, Repeat, Shuffle, ToOutputs, WindowShuffle, WithOptions,
-)
+from tpu_pipeline.pipeline.stages.batching import Batch
+from tpu_pipeline.pipeline.stages.cache import Cache
+from tpu_pipeline.pipeline.stages.map_features import MapFeatures
+from tpu_pipeline.pipeline.stages.options import WithOptions, make_options
+from tpu_pipeline.pipeline.stages.outputs import ToOutputs
+from tpu_pipeline.pipeline.stages.parse import make_parser
+from tpu_pipeline.pipeline.stages.prefetch import Prefetch
+from tpu_pipeline.pipeline.stages.repeat import Repeat
+from tpu_pipeline.pipeline.stages.service_split import ServiceSplit
+from tpu_pipeline.pipeline.stages.shuffles import Shuffle, WindowShuffle
 
 FULL_SHUFFLE = tf.data.UNKNOWN_CARDINALITY  # a shuffle buffer that holds the whole (finite) input
 

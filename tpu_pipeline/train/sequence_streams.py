@@ -13,7 +13,7 @@ from absl import logging
 
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.efficiency import TokenMeter, sequence_keys
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 
 def with_token_meter(pipeline: Pipeline) -> tuple[Pipeline, Optional[TokenMeter]]:

@@ -14,7 +14,7 @@ number in two halves (`_example_hi`, `_example`), since a long run of short exam
 
 Carried. The windowed stage writes the fields (`sequence_stages.Windowed`, with `position_fields`);
 the stages after it carry them like any feature (a `Batch` of rows carries one per row); the outputs
-stage takes them off (`stages.ToOutputs`, or `SplitPosition` where a pipeline has no outputs), and
+stage takes them off (`stages.outputs.ToOutputs`, or `SplitPosition` where a pipeline has no outputs), and
 `Pipeline.build(with_position=True)` returns them beside each element: (element, position).
 
 Read. The package's iterators (`runtime.iterator`) read the last output's place from each element

@@ -17,10 +17,10 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.config.sequence import SequenceConfig
-from tpu_pipeline.pipeline.evaluation import padded_evaluation
 from tpu_pipeline.pipeline.sequence_plan import FilesBytes, SequencePlan
 from tpu_pipeline.pipeline.sources.base import Source
-from tpu_pipeline.pipeline.stages import Batch
+from tpu_pipeline.pipeline.stages.batching import Batch
+from tpu_pipeline.pipeline.stages.evaluation import padded_evaluation
 
 CUT = {"split": "longer examples cut into chunks of the length, each its own segment",
        "truncate": "longer examples keep their first length tokens",

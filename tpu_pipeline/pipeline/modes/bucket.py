@@ -12,11 +12,11 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.efficiency import bucket_fraction
-from tpu_pipeline.pipeline.evaluation import bucketed_evaluation
 from tpu_pipeline.pipeline.modes.base import PlanRequest, SequenceMode
 from tpu_pipeline.pipeline.sequence_plan import BUCKET_WINDOW_BATCHES, SequencePlan, default_boundaries
 from tpu_pipeline.pipeline.sequence_stages import Bucket, bucket_batches
-from tpu_pipeline.pipeline.stages import Batch
+from tpu_pipeline.pipeline.stages.batching import Batch
+from tpu_pipeline.pipeline.stages.evaluation import bucketed_evaluation
 
 
 def _cut_to_length(features: dict, seed: Any = None, *, lengths: dict, batched: bool) -> dict:

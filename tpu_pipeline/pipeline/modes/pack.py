@@ -8,7 +8,7 @@ from tpu_pipeline.pipeline.efficiency import pack_fraction
 from tpu_pipeline.pipeline.modes.base import PlanRequest, SequenceMode
 from tpu_pipeline.pipeline.sequence_plan import SequencePlan, pack_window, parse_block, row_shuffle
 from tpu_pipeline.pipeline.sequence_stages import PackRows
-from tpu_pipeline.pipeline.stages import Batch
+from tpu_pipeline.pipeline.stages.batching import Batch
 
 
 class PackMode(SequenceMode):

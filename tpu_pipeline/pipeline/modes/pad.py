@@ -7,7 +7,7 @@ from tpu_pipeline.pipeline.efficiency import pad_fraction
 from tpu_pipeline.pipeline.modes.base import PlanRequest, SequenceMode
 from tpu_pipeline.pipeline.sequence_plan import SequencePlan
 from tpu_pipeline.pipeline.sequence_stages import pad_batch, pad_example
-from tpu_pipeline.pipeline.stages import Batch
+from tpu_pipeline.pipeline.stages.batching import Batch
 
 
 class PadMode(SequenceMode):

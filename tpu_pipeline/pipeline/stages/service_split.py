@@ -14,7 +14,7 @@ from typing import ClassVar, Optional
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,8 +54,8 @@ class Stage:
     """Base of every stage: `apply` the dataset in `context`; `after` gives the next stage's context."""
 
     uses_epoch = False  # True: its randomness changes per epoch (the engine then builds epochs one by one)
-    # The parts of a pipeline this stage plays (`parts.ROLES`: cache, repeat, windowed, batch, outputs,
-    # service, prefetch, options, steps), read once by `parts.parts_of`; none: a map stage.
+    # The parts of a pipeline this stage plays (`roles.ROLES`: cache, repeat, windowed, batch, outputs,
+    # service, prefetch, options, steps), read once by `roles.split_by_roles`; none: a map stage.
     roles: ClassVar[tuple[str, ...]] = ()
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:

@@ -1,4 +1,4 @@
-"""A pipeline's stages by what they do: its parts, named, split once from the list of stages.
+"""A pipeline's stages by the roles they declare: its parts (`Parts`), named, split once from the list.
 
 The engine reads a pipeline top to bottom by its parts, the way big_vision's `make_for_train` reads:
 
@@ -8,9 +8,9 @@ The engine reads a pipeline top to bottom by its parts, the way big_vision's `ma
 and the stages other code needs by name are named: the `windowed` stage (bucket, pack: the unit
 of a resume), the `batch` (the last per-replica batching stage, which gives the global batch), the
 `outputs` (the feature dict → Keras's element), the `service` split, `prefetch`, `options`, and
-evaluation's `steps`. A stage says which parts it plays by its `roles` (`stage_base.Stage.roles`),
-never by its class, so a user's own stage works in any place (with no roles it is a map stage) and
-one can declare a role of ours. `parts_of` is the one function that reads roles; everything else asks
+evaluation's `steps`. A stage says which parts it plays by its `roles` (`base.Stage.roles`), never
+by its class, so a user's own stage works in any place (with no roles it is a map stage) and one can
+declare a role of ours. `split_by_roles` is the one function that reads roles; everything else asks
 the parts by name, and rewrites them by name (`replaced`, `inserted`), which splits again.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def roles_of(stage: Any) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Parts:
-    """The stages in order, with where each part is (indices into `stages`). Build it with `parts_of(stages)`."""
+    """The stages in order, with where each part is (indices into `stages`). Build it with `split_by_roles(stages)`."""
 
     stages: tuple[Any, ...] = ()
     once_end: int = 0  # stages[:once_end] are built once (through the last cache before the repeat)
@@ -50,7 +50,7 @@ class Parts:
 
     @property
     def repeat(self) -> Any:
-        """The repeat (`stages.Repeat.epochs` makes the stream of epochs), or None: one epoch."""
+        """The repeat (`repeat.Repeat.epochs` makes the stream of epochs), or None: one epoch."""
         return None if self.repeat_at is None else self.stages[self.repeat_at]
 
     @property
@@ -75,7 +75,7 @@ class Parts:
 
     def until(self, name: str, inclusive: bool = False) -> "Parts":
         """The parts of the stages before the named one (`inclusive`: through it)."""
-        return parts_of(self.stages[:self.named[name] + (1 if inclusive else 0)])
+        return split_by_roles(self.stages[:self.named[name] + (1 if inclusive else 0)])
 
     def following(self, name: str) -> tuple[Any, ...]:
         """The stages after the named one."""
@@ -89,17 +89,17 @@ class Parts:
         new = list(self.stages)
         for name, stage in stages.items():
             new[self.named[name]] = stage
-        return parts_of(new)
+        return split_by_roles(new)
 
     def inserted(self, stage: Any, *, before: Optional[str] = None, after: Optional[str] = None) -> "Parts":
         """These parts with `stage` inserted before or after the named stage; at the end when that is absent."""
         anchor = before or after
         at = self.named.get(anchor) if anchor else None
         at = len(self.stages) if at is None else at + (1 if after else 0)
-        return parts_of([*self.stages[:at], stage, *self.stages[at:]])
+        return split_by_roles([*self.stages[:at], stage, *self.stages[at:]])
 
 
-def parts_of(stages: Sequence[Any]) -> Parts:
+def split_by_roles(stages: Sequence[Any]) -> Parts:
     """The parts of `stages`, by the roles each declares: the first repeat cuts the epoch from the
     stream, the last cache before it ends what is built once; each named part is the first stage
     with that role, but the batch is the last per-replica one and the options the last."""
@@ -107,7 +107,7 @@ def parts_of(stages: Sequence[Any]) -> Parts:
     for stage in stages:
         if not (callable(getattr(stage, "apply", None)) and callable(getattr(stage, "after", None))):
             raise TypeError(f"{stage!r} is not a stage: a stage has apply(dataset, context) and after(context); "
-                            "subclass tpu_pipeline.pipeline.stage_base.Stage")
+                            "subclass tpu_pipeline.pipeline.stages.base.Stage")
     roles = [roles_of(stage) for stage in stages]
     unknown = {name for played in roles for name in played} - set(ROLES)
     if unknown:

@@ -4,7 +4,7 @@ Padding with zero-weight examples keeps TPU shapes static (`PadToSteps`, the one
 adds); only weighted metrics ignore the padding. How many steps a pass makes is the epoch length
 for images; for packed or bucketed input it depends on the data, so it is counted by one pass
 (`_CountedRows`). The builder only delegates here: `Pipeline.for_evaluation`, `.evaluation_steps`.
-Every rewrite is of a named part (`parts.Parts`: the batch, the repeat, the outputs, the steps).
+Every rewrite is of a named part (`roles.Parts`: the batch, the repeat, the outputs, the steps).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK
-from tpu_pipeline.pipeline.parts import Parts
 from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
-from tpu_pipeline.pipeline.stage_base import Stage, StageContext
-from tpu_pipeline.pipeline.stages import per_replica_batch_size
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
+from tpu_pipeline.pipeline.stages.batching import per_replica_batch_size
+from tpu_pipeline.pipeline.stages.roles import Parts
 
 
 class EvaluatedPipeline(Protocol):

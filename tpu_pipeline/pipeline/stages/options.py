@@ -1,9 +1,14 @@
-"""The one place that turns the config's options section into tf.data.Options (TF 2.16+ names)."""
+"""The one place that turns the config's options section into tf.data.Options (TF 2.16+ names), and
+the stage that attaches them (`WithOptions`)."""
 from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
 
 import tensorflow as tf
 
 from tpu_pipeline.config.data import OptionsConfig
+from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 _SHARD_POLICIES = {
     "auto": tf.data.experimental.AutoShardPolicy.AUTO,
@@ -34,3 +39,14 @@ def make_options(config: OptionsConfig) -> tf.data.Options:
         options.experimental_distribute.auto_shard_policy = _SHARD_POLICIES[config.auto_shard_policy]
     options.experimental_slack = config.slack
     return options
+
+
+@dataclasses.dataclass(frozen=True)
+class WithOptions(Stage):
+    """Attaches tf.data.Options (`make_options` makes them from the config)."""
+
+    roles: ClassVar[tuple[str, ...]] = ("options",)
+    options: tf.data.Options
+
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
+        return dataset.with_options(self.options)
