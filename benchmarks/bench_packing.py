@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tpu_pipeline.pipeline.packing import ALGORITHMS, Packer, pack_window  # noqa: E402
+from tpu_pipeline.pipeline.sequences.packing import ALGORITHMS, Packer, pack_window  # noqa: E402
 from tpu_pipeline.pipeline.stages.base import StageContext  # noqa: E402
 
 WORKLOADS = {  # name: (median tokens, lognormal sigma, row length, examples per pass)

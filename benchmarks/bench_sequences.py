@@ -24,7 +24,7 @@ the files forever, on one input pipeline on the CPU:
   ours pack       data.sequence mode pack (overflow truncate), built by Pipeline.from_config
   ours bucket     data.sequence mode bucket, boundaries L/8, L/4, L/2, L (overflow truncate)
   ours pad        data.sequence mode pad (overflow truncate)
-  pack, batched   our Packer stage (tpu_pipeline.pipeline.packing, first fit decreasing, truncate) used
+  pack, batched   our Packer stage (tpu_pipeline.pipeline.sequences.packing, first fit decreasing, truncate) used
                   directly on a batched parse: parse_example of 1024 records, each parsed ragged
                   batch packed as one window (Packer(window=None)), then batch: what packing costs
                   without a per-example element in front of it
@@ -79,7 +79,7 @@ import sequence_workloads  # noqa: E402
 from bench_packing import import_seqio_utils  # noqa: E402
 from tpu_pipeline.config import config_from_dict  # noqa: E402
 from tpu_pipeline.pipeline import Pipeline  # noqa: E402
-from tpu_pipeline.pipeline.packing import Packer  # noqa: E402
+from tpu_pipeline.pipeline.sequences.packing import Packer  # noqa: E402
 
 KEY = sequence_workloads.KEY
 BATCH = 64

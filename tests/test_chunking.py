@@ -12,7 +12,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpu_pipeline.pipeline.chunking import CHUNK, EXAMPLE, chunk_stream, compact, from_parts, spans, window_stream
+from tpu_pipeline.pipeline.sequences.chunking import CHUNK, EXAMPLE, chunk_stream, compact, from_parts, spans, window_stream
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LENGTHS = {"inputs": 4, "targets": 3}
@@ -101,9 +101,9 @@ def test_compact_copies_the_chunks_out_of_their_gaps():
 def test_a_stage_between_the_packer_and_the_batch_gets_the_same_rows():
     # A Batch right after the packer cuts its batches from the pools (stages.rows_in_blocks); any other stage
     # gets one row an element, and a Batch after it must make the same batches.
-    from tpu_pipeline.pipeline.sequence_stages import PackRows
-    from tpu_pipeline.pipeline.stage_base import StageContext
-    from tpu_pipeline.pipeline.stages import Batch, row_blocks
+    from tpu_pipeline.pipeline.sequences.sequence_stages import PackRows
+    from tpu_pipeline.pipeline.stages.base import StageContext
+    from tpu_pipeline.pipeline.stages.batching import Batch, row_blocks
 
     rng = np.random.default_rng(0)
     tokens = [rng.integers(0, 50, rng.integers(1, 12)).astype(np.int64) for _ in range(300)]

@@ -1,4 +1,4 @@
-"""Sequence packing (tpu_pipeline.pipeline.packing): properties of pack_window against an
+"""Sequence packing (tpu_pipeline.pipeline.sequences.packing): properties of pack_window against an
 independent Python decoder and reference packer, and the Packer stage end to end."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.packing import ALGORITHMS, Packer, pack_window
+from tpu_pipeline.pipeline.sequences.packing import ALGORITHMS, Packer, pack_window
 from tpu_pipeline.pipeline.stages.base import StageContext
 
 KEYS = ("inputs", "targets", "extra")

@@ -15,7 +15,7 @@ import tensorflow as tf
 from helpers import small_config, write_small_shards
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.pipeline import ArraySource, Pipeline
-from tpu_pipeline.pipeline.sequence_stages import Bucket, PackRows
+from tpu_pipeline.pipeline.sequences.sequence_stages import Bucket, PackRows
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 from tpu_pipeline.pipeline.stages.batching import Batch
 from tpu_pipeline.pipeline.stages.cache import Cache

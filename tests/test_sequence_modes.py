@@ -1,4 +1,4 @@
-"""Each sequence mode is one object (tpu_pipeline.pipeline.modes) that owns its decisions: nothing
+"""Each sequence mode is one object (tpu_pipeline.pipeline.sequences.modes) that owns its decisions: nothing
 outside it compares mode names, and the modes listed there are exactly the names a config accepts."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import re
 import typing
 
 from tpu_pipeline.config.sequence import SequenceConfig
-from tpu_pipeline.pipeline.modes import MODES, sequence_mode
+from tpu_pipeline.pipeline.sequences.modes.registry import MODES, sequence_mode
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tpu_pipeline"
 # A comparison with a mode's name: `== "pack"`, `!= 'bucket'`, `in ("pad", ...)`.
 COMPARED = re.compile(r"""(==|!=)\s*["'](pad|bucket|pack)["']|\bin\s*[(\[{]\s*["'](pad|bucket|pack)["']""")
 # The config layer validates a config without TensorFlow, so it checks each mode's own keys by name.
-OWNERS = ("pipeline/modes/", "config/")
+OWNERS = ("pipeline/sequences/modes/", "config/")
 
 
 def test_no_module_outside_the_modes_compares_mode_names():
@@ -45,7 +45,7 @@ def test_a_pipeline_built_by_hand_takes_its_mode_from_its_windowed_stage():
     import numpy as np
 
     from tpu_pipeline.pipeline import ArraySource, Pipeline
-    from tpu_pipeline.pipeline.sequence_stages import Bucket, PackRows
+    from tpu_pipeline.pipeline.sequences.sequence_stages import Bucket, PackRows
 
     source = ArraySource({"x": np.arange(4)})
     bucket = Bucket(["tokens"], 8, lengths={"tokens": 8}, bucket_lengths=(4, 8), global_batch_size=4)

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.core.resume_position import split_position
-from tpu_pipeline.pipeline.sequence_stages import Bucket, PadTo, bucket_batches
+from tpu_pipeline.pipeline.sequences.sequence_stages import Bucket, PadTo, bucket_batches
 from tpu_pipeline.pipeline.stages.base import StageContext
 
 

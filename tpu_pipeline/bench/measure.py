@@ -32,7 +32,7 @@ import psutil
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS, last_position
-from tpu_pipeline.pipeline.efficiency import real_and_slots, real_examples, sequence_keys
+from tpu_pipeline.pipeline.sequences.token_count import real_and_slots, real_examples, sequence_keys
 from tpu_pipeline.system import available_cores  # noqa: F401  (re-exported for callers)
 
 

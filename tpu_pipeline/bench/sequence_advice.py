@@ -19,8 +19,9 @@ from tpu_pipeline.bench.finding import Finding
 from tpu_pipeline.bench.measure import Measurement
 from tpu_pipeline.config.data import DataConfig, ServiceConfig
 from tpu_pipeline.pipeline import Pipeline, Plan
-from tpu_pipeline.pipeline.efficiency import example_lengths, pack_fraction, pad_fraction, sequence_keys
-from tpu_pipeline.pipeline.modes import sequence_mode
+from tpu_pipeline.pipeline.sequences.fill_estimates import pack_fraction, pad_fraction
+from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
+from tpu_pipeline.pipeline.sequences.token_count import example_lengths, sequence_keys
 from tpu_pipeline.records.text_input import MAX_RECORD_TOKENS
 
 LOW_FRACTION = 0.7  # pad or bucket below this share of tokens: pack is worth its segment ids

@@ -5,7 +5,7 @@ they delivered over the time they took (`bench.measure.aggregate`; the spread is
 examples/s, batches/s, bytes/s, CPU time per example, cores used, peak memory, and both ceilings.
 `demo` and `doctor` measure with the same loop; the output's `measured:` line says what it covers.
 A data.sequence pipeline also gets tokens/s (real tokens of its first token key) and the
-non-padding fraction (real tokens / token slots; `tpu_pipeline.pipeline.efficiency`); its
+non-padding fraction (real tokens / token slots; `tpu_pipeline.pipeline.sequences.token_count`); its
 examples/s counts real examples (in pack mode, the examples in the rows, not the rows).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ def run(overrides: Sequence[str]) -> int:
     from tpu_pipeline.bench.ceilings import measure_ceilings
     from tpu_pipeline.bench.measure import Meter, aggregate, available_cores, describe, measure, summarize
     from tpu_pipeline.pipeline import Pipeline
-    from tpu_pipeline.pipeline.efficiency import sequence_keys
+    from tpu_pipeline.pipeline.sequences.token_count import sequence_keys
     from tpu_pipeline.pipeline.source_meter import mixture_counts, shares_line, with_source_meter
 
     config = getattr(load(overrides), FLAGS.section)

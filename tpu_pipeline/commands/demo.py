@@ -5,8 +5,8 @@ order, ...) with the reason it was made. The throughput is measured as `bench` a
 measure it (`tpu_pipeline.bench.measure`: the same loop, the input pipeline alone, after a warm-up
 on the same iterator), and the output says what the figure covers. For a data.sequence config the
 throughput line also gives tokens/s (real tokens of the first token key) and the non-padding
-fraction (real tokens / token slots; `tpu_pipeline.pipeline.efficiency`), and examples/s counts
-real examples (in pack mode, the examples in the rows). A mixture also gets the shares each source
+fraction (real tokens / token slots; `tpu_pipeline.pipeline.sequences.token_count`), and examples/s
+counts real examples (in pack mode, the examples in the rows). A mixture also gets the shares each source
 was delivered at, beside the weights (`pipeline.source_meter`).
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run(overrides: Sequence[str]) -> int:
         f"{FLAGS.warmup} warm-up batches)"
     )
     if measured.token_slots:
-        from tpu_pipeline.pipeline.efficiency import sequence_keys
+        from tpu_pipeline.pipeline.sequences.token_count import sequence_keys
 
         key = sequence_keys(dataset.element_spec[0] if meter.positioned else dataset.element_spec)[0].name
         print(f"tokens: {measured.tokens_per_sec:,.0f} tokens/s, non-padding fraction {measured.non_padding_fraction:.3f} "

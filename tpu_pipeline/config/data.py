@@ -62,8 +62,8 @@ class OutputsConfig(StrictModel):
     )
 
 
-# What each data.sequence mode adds beside a key (pipeline/sequence_stages.py makes them; model/transformer.py
-# reads them by these names).
+# What each data.sequence mode adds beside a key (pipeline/sequences/sequence_stages.py makes them;
+# model/transformer.py reads them by these names).
 SEQUENCE_INPUTS = {"pack": ("_segment_ids", "_positions"), "pad": ("_mask",), "bucket": ("_mask",)}
 EXAMPLE_MASK = "example_mask"  # bucket mode: 0 on the examples that fill a bucket's last batches
 

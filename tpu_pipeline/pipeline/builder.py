@@ -25,10 +25,11 @@ from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.empty_check import first_records
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.mixture_weights import by_tokens
-from tpu_pipeline.pipeline.modes import SequenceMode, sequence_mode
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.record_check import Vocabulary
-from tpu_pipeline.pipeline.sequence_stages import Windowed
+from tpu_pipeline.pipeline.sequences.modes.base import SequenceMode
+from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
+from tpu_pipeline.pipeline.sequences.sequence_stages import Windowed
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
 from tpu_pipeline.pipeline.spec_check import check_first_record
@@ -138,8 +139,8 @@ class Pipeline:
 
     @property
     def sequence_mode(self) -> Optional[SequenceMode]:
-        """The data.sequence mode the plan chose (pad, bucket, pack: tpu_pipeline.pipeline.modes), or for a
-        pipeline built by hand the mode of its windowed stage; None without either."""
+        """The data.sequence mode the plan chose (pad, bucket, pack: tpu_pipeline.pipeline.sequences.modes),
+        or for a pipeline built by hand the mode of its windowed stage; None without either."""
         sequence = self.plan.sequence.value if self.plan is not None else None
         if sequence is not None:
             return sequence_mode(sequence.mode)

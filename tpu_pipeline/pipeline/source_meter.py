@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tpu_pipeline.config.mixture import MixtureConfig
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, SOURCE_KEY
-from tpu_pipeline.pipeline.efficiency import _leaves, _real, sequence_keys
+from tpu_pipeline.pipeline.sequences.token_count import batch_leaves, real_token_mask, sequence_keys
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 
@@ -24,7 +24,7 @@ def source_counts(batch: Any, num_sources: int, source_key: str = SOURCE_KEY) ->
     from each source) added up, so examples are segments. Else `source_key` is each example's source
     ([b]): examples are rows (bucket: rows with `example_mask` 1), tokens those of the first token key
     (0 without data.sequence)."""
-    leaves = dict(_leaves(batch))
+    leaves = dict(batch_leaves(batch))
     if f"{source_key}_tokens" in leaves:  # pack: counted per row by the packer
         return tuple(tf.reduce_sum(tf.cast(tf.convert_to_tensor(leaves[f"{source_key}_{what}"]), tf.int64), axis=0)
                      for what in ("segments", "tokens"))
@@ -41,7 +41,7 @@ def source_counts(batch: Any, num_sources: int, source_key: str = SOURCE_KEY) ->
     if not keys:
         return examples, tf.zeros([num_sources], tf.int64)
     marker = tf.convert_to_tensor(leaves[keys[0].marker])
-    lengths = tf.reduce_sum(tf.cast(_real(marker, keys[0].packed), tf.int64), axis=1) * kept
+    lengths = tf.reduce_sum(tf.cast(real_token_mask(marker, keys[0].packed), tf.int64), axis=1) * kept
     return examples, per_source(source, lengths)
 
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.errors import TpuCompatibilityError
-from tpu_pipeline.pipeline.efficiency import sequence_keys
+from tpu_pipeline.pipeline.sequences.token_count import sequence_keys
 
 TPU_DTYPES = frozenset({tf.float32, tf.bfloat16, tf.int32, tf.uint32, tf.bool, tf.int8, tf.uint8, tf.complex64})
 

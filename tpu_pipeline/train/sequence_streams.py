@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.efficiency import TokenMeter, sequence_keys
+from tpu_pipeline.pipeline.sequences.token_count import TokenMeter, sequence_keys
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 

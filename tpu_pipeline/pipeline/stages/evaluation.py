@@ -37,7 +37,7 @@ class EvaluatedPipeline(Protocol):
     def prefix(self) -> str: ...
 
     @property
-    def sequence_mode(self) -> Any: ...  # a modes.SequenceMode, or None (evaluation imports no mode)
+    def sequence_mode(self) -> Any: ...  # a modes.base.SequenceMode, or None (evaluation imports no mode)
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset: ...
 

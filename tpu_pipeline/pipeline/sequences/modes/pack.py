@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpu_pipeline.pipeline.efficiency import pack_fraction
-from tpu_pipeline.pipeline.modes.base import PlanRequest, SequenceMode
-from tpu_pipeline.pipeline.sequence_plan import SequencePlan, pack_window, parse_block, row_shuffle
-from tpu_pipeline.pipeline.sequence_stages import PackRows
+from tpu_pipeline.pipeline.sequences.fill_estimates import pack_fraction
+from tpu_pipeline.pipeline.sequences.modes.base import PlanRequest, SequenceMode
+from tpu_pipeline.pipeline.sequences.sequence_plan import SequencePlan, auto_pack_window, parse_block, row_shuffle
+from tpu_pipeline.pipeline.sequences.sequence_stages import PackRows
 from tpu_pipeline.pipeline.stages.batching import Batch
 
 
@@ -23,7 +23,7 @@ class PackMode(SequenceMode):
         sequence, key = request.sequence, request.key
         longest = sequence.max_length
         auto = sequence.window == "auto"
-        window = pack_window(longest) if auto else int(sequence.window)
+        window = auto_pack_window(longest) if auto else int(sequence.window)
         pools, shuffle_why = row_shuffle(request.config, window * longest, request.prefix)
         tokens = window * longest * max(1, pools)
         block, block_why = parse_block(request.source, request.files, request.files_bytes)

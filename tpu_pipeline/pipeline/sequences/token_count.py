@@ -1,4 +1,4 @@
-"""How much of a sequence batch is tokens: real tokens, token slots and the non-padding fraction.
+"""Token counting at run time: real tokens, token slots and the non-padding fraction of a sequence batch.
 
     real, slots = real_and_slots(batch)      # int64 scalars
     non_padding_fraction(batch)              # float32 scalar: real / slots (0 when there are no slots)
@@ -20,21 +20,17 @@ are usually the same tokens (a language model's inputs and targets, shifted by o
 would count each token twice in tokens/s, and would not change the fraction. `keys=` names one key
 or several (their counts are summed), e.g. `keys=["inputs", "targets"]` for T5-style lengths.
 
-TF ops only: works eagerly, in a `tf.function` and in a `dataset.map`. `example_lengths`,
-`pad_fraction` and `pack_fraction` serve `tpu-pipeline doctor`: the fraction another mode or
-window would reach on the examples seen, computed with the pipeline's own packer.
+TF ops only: works eagerly, in a `tf.function` and in a `dataset.map`. `example_lengths` also serves
+`tpu-pipeline doctor`, whose what-if estimates for another mode or window are `fill_estimates`.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
-import numpy as np
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, MASK_SUFFIX, SEGMENT_SUFFIX
-from tpu_pipeline.pipeline.packing import Packer
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 Keys = Union[str, Sequence[str], None]
@@ -52,14 +48,14 @@ class SequenceKey:
         return self.marker.endswith(SEGMENT_SUFFIX)
 
 
-def _leaves(element: Any, name: str = "") -> Iterator[tuple[str, Any]]:
+def batch_leaves(element: Any, name: str = "") -> Iterator[tuple[str, Any]]:
     """(feature name, value) for every tensor or spec of a batch, in tf.nest's order."""
     if isinstance(element, dict):
         for key in sorted(element):
-            yield from _leaves(element[key], str(key))
+            yield from batch_leaves(element[key], str(key))
     elif isinstance(element, (tuple, list)):
         for item in element:
-            yield from _leaves(item, "")
+            yield from batch_leaves(item, "")
     elif name:
         yield name, element
 
@@ -73,7 +69,7 @@ def sequence_keys(batch_or_spec: Any) -> list[SequenceKey]:
     """The token keys of a batch (or of its `element_spec`), in tf.nest's order. A key is a
     rank-2 feature `k` with `k_segment_ids` (pack) or `k_mask` (pad, bucket) beside it; `k_mask`
     alone also counts (the marker has the key's shape), so a batch that kept only the mask works."""
-    leaves = dict(_leaves(batch_or_spec))
+    leaves = dict(batch_leaves(batch_or_spec))
     found: dict[str, SequenceKey] = {}
     for name, value in leaves.items():
         for suffix in (SEGMENT_SUFFIX, MASK_SUFFIX):
@@ -86,7 +82,7 @@ def sequence_keys(batch_or_spec: Any) -> list[SequenceKey]:
 
 
 def _chosen(batch: Any, keys: Keys) -> tuple[list[SequenceKey], dict[str, Any]]:
-    leaves = dict(_leaves(batch))
+    leaves = dict(batch_leaves(batch))
     available = sequence_keys(batch)
     if not available:
         raise ValueError(
@@ -103,7 +99,8 @@ def _chosen(batch: Any, keys: Keys) -> tuple[list[SequenceKey], dict[str, Any]]:
     return [by_name[k] for k in wanted], leaves
 
 
-def _real(marker: tf.Tensor, packed: bool) -> tf.Tensor:
+def real_token_mask(marker: tf.Tensor, packed: bool) -> tf.Tensor:
+    """Where a key's marker (its segment ids when `packed`, else its mask) says a token is real."""
     marker = tf.convert_to_tensor(marker)
     return marker > 0 if packed else tf.equal(marker, tf.ones([], marker.dtype))
 
@@ -115,7 +112,7 @@ def real_and_slots(batch: Any, keys: Keys = None) -> tuple[tf.Tensor, tf.Tensor]
     slots = tf.constant(0, tf.int64)
     for key in chosen:
         marker = tf.convert_to_tensor(leaves[key.marker])
-        real += tf.math.count_nonzero(_real(marker, key.packed), dtype=tf.int64)
+        real += tf.math.count_nonzero(real_token_mask(marker, key.packed), dtype=tf.int64)
         slots += tf.size(marker, out_type=tf.int64)
     return real, slots
 
@@ -149,47 +146,10 @@ def example_lengths(batch: Any, keys: Keys = None) -> tf.Tensor:
         width = tf.reduce_max(tf.concat([tf.reshape(ids, [-1]), [0]], 0)) + 1
         counts = tf.math.bincount(ids, minlength=width, maxlength=width, axis=-1, dtype=tf.int64)[:, 1:]
         return tf.boolean_mask(counts, counts > 0)  # segments are 1..n in a row, none empty
-    lengths = tf.reduce_sum(tf.cast(_real(marker, False), tf.int64), axis=1)
+    lengths = tf.reduce_sum(tf.cast(real_token_mask(marker, False), tf.int64), axis=1)
     if EXAMPLE_MASK in leaves:
         lengths = tf.boolean_mask(lengths, tf.convert_to_tensor(leaves[EXAMPLE_MASK]) > 0)
     return lengths
-
-
-# Estimates on the lengths seen (for tpu-pipeline doctor): what another mode or window would reach.
-
-def pad_fraction(lengths: Iterable[int], length: int) -> float:
-    """Pad mode: each example padded (or cut) to `length`."""
-    values = np.minimum(np.asarray(list(lengths), np.int64), length)
-    return float(values.sum() / (len(values) * length)) if len(values) else 0.0
-
-
-def pack_fraction(lengths: Iterable[int], length: int, window: int, algorithm: str = "first_fit_decreasing",
-                  overflow: str = "truncate") -> float:
-    """Pack mode: the examples, in this order, packed in windows of `window` by the pipeline's own
-    packer (`packing.Packer`, in a dataset: one trace for every window); real tokens / (rows × length)."""
-    values = np.asarray(list(lengths), np.int32)
-    if not len(values):
-        return 0.0
-    examples = tf.data.Dataset.from_tensor_slices(values).map(lambda n: {"tokens": tf.zeros([n], tf.int32)})
-    rows = Packer({"tokens": length}, window, algorithm, overflow, num_parallel_calls=1).apply(examples)
-    counts = rows.batch(4096).map(lambda batch: tf.stack([
-        tf.math.count_nonzero(batch["tokens_segment_ids"], dtype=tf.int64), tf.shape(batch["tokens"], tf.int64)[0]]))
-    real, num_rows = (int(v) for v in counts.reduce(tf.zeros([2], tf.int64), lambda total, more: total + more))
-    return real / (num_rows * length) if num_rows else 0.0
-
-
-def bucket_fraction(lengths: Iterable[int], bucket_lengths: Sequence[int], batch: int, window: int) -> float:
-    """Bucket mode, one replica: per window, each example padded to its bucket's length, each bucket's
-    last batch filled with padding examples (`batch`: per bucket batch, a list or one number)."""
-    values = np.minimum(np.asarray(list(lengths), np.int64), bucket_lengths[-1])
-    sizes = list(batch) if isinstance(batch, (list, tuple)) else [batch] * len(bucket_lengths)
-    slots = 0
-    for start in range(0, len(values), window):
-        bucket = np.minimum(np.searchsorted(np.asarray(bucket_lengths), values[start:start + window], side="left"),
-                            len(bucket_lengths) - 1)
-        for index, (size, bound) in enumerate(zip(sizes, bucket_lengths)):
-            slots += math.ceil(int((bucket == index).sum()) / size) * size * bound
-    return float(values.sum() / slots) if slots else 0.0
 
 
 class TokenMeter(Stage):

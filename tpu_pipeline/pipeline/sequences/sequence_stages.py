@@ -1,6 +1,6 @@
 """Variable-length token features into static shapes: pad each example, or bucket a window of them.
 
-(Packing itself, several examples per row, is `tpu_pipeline.pipeline.packing`; the windowing and
+(Packing itself, several examples per row, is `tpu_pipeline.pipeline.sequences.packing`; the windowing and
 the resume position that bucket and pack share are here, with `PackRows`.)
 
     PadTo({"tokens": 128})                       # [128] per example, plus tokens_mask
@@ -24,14 +24,15 @@ from typing import Any, ClassVar, Mapping, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline import packing
-from tpu_pipeline.pipeline.chunking import (CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message, spans,
-                                             window_stream)
 from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, SOURCE_KEY
 from tpu_pipeline.pipeline.core.resume_position import position_fields
 from tpu_pipeline.pipeline.core.tuning import tune
-from tpu_pipeline.pipeline.packing import Packer
+from tpu_pipeline.pipeline.sequences import packing
+from tpu_pipeline.pipeline.sequences.chunking import (
+    CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message, spans, window_stream,
+)
+from tpu_pipeline.pipeline.sequences.packing import Packer
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 from tpu_pipeline.pipeline.stages.batching import per_replica_batch_size, rows_in_blocks
 
@@ -126,7 +127,7 @@ class Windowed(Stage):
     keys: Sequence[str]
     window: int
     roles: ClassVar[tuple[str, ...]] = ("windowed",)
-    mode_name: ClassVar[str] = ""  # the data.sequence mode that places windows this way (modes.MODES)
+    mode_name: ClassVar[str] = ""  # the data.sequence mode that places windows this way (registry.MODES)
 
     def check_features(self, spec: Mapping[str, Any]) -> None:
         for key in self.keys:

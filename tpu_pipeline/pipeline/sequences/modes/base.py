@@ -4,7 +4,7 @@ Why objects: each mode decides how it is planned (windows, pools, parse blocks),
 adds to a pipeline, what one batch row is, which per-token weights the model needs, whether a batch's
 length varies, and how an exact evaluation pads. Held in one class per mode, no other module compares
 mode names (tests/test_sequence_modes.py checks it), and a new mode is one module in this package plus
-one line in its `__init__` (and its name in `config/sequence.py`: the config layer validates a config
+one line in `registry.MODES` (and its name in `config/sequence.py`: the config layer validates a config
 without TensorFlow, so the name and its keys' checks live there).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.config.sequence import SequenceConfig
-from tpu_pipeline.pipeline.sequence_plan import FilesBytes, SequencePlan
+from tpu_pipeline.pipeline.sequences.sequence_plan import FilesBytes, SequencePlan
 from tpu_pipeline.pipeline.sources.base import Source
 from tpu_pipeline.pipeline.stages.batching import Batch
 from tpu_pipeline.pipeline.stages.evaluation import padded_evaluation

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.packing import expand_counts
+from tpu_pipeline.pipeline.sequences.packing import expand_counts
 
 EXAMPLE = "_example"  # int64: the example's index in the stream (since the stream's start)
 CHUNK = "_chunk"  # int64: the chunk's index within its example

@@ -1,8 +1,8 @@
 """What the plan's `sequence` decision holds (`SequencePlan`), and the measured knobs the modes plan
 with: window sizes, row-shuffle pools, parse blocks.
 
-The modes themselves (tpu_pipeline.pipeline.modes) make the decision: `modes.plan_sequence`, called
-once by `make_plan`.
+The modes themselves (tpu_pipeline.pipeline.sequences.modes) make the decision: `registry.plan_sequence`,
+called once by `make_plan`.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class SequencePlan:
         return f"{self.mode} to {max(self.lengths.values())}{window}{shuffle}"
 
 
-def pack_window(length: int) -> int:
+def auto_pack_window(length: int) -> int:
     """data.sequence.window=auto in pack mode: items (chunks of at most `length` tokens) per window."""
     return max(PACK_WINDOW_MIN, min(PACK_WINDOW, PACK_WINDOW_TOKENS // length))
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tpu_pipeline.pipeline.efficiency import pad_fraction
-from tpu_pipeline.pipeline.modes.base import PlanRequest, SequenceMode
-from tpu_pipeline.pipeline.sequence_plan import SequencePlan
-from tpu_pipeline.pipeline.sequence_stages import pad_batch, pad_example
+from tpu_pipeline.pipeline.sequences.fill_estimates import pad_fraction
+from tpu_pipeline.pipeline.sequences.modes.base import PlanRequest, SequenceMode
+from tpu_pipeline.pipeline.sequences.sequence_plan import SequencePlan
+from tpu_pipeline.pipeline.sequences.sequence_stages import pad_batch, pad_example
 from tpu_pipeline.pipeline.stages.batching import Batch
 
 

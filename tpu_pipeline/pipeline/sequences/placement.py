@@ -1,6 +1,6 @@
 """Which row each item of a packing window goes to: first fit or best fit, decreasing or in order.
 
-The one sequential part of packing (tpu_pipeline.pipeline.packing): a `tf.while_loop` over the
+The one sequential part of packing (tpu_pipeline.pipeline.sequences.packing): a `tf.while_loop` over the
 window's items, each step one vectorized search of the remaining room of every row, compiled by XLA
 (or run on TF's executor where this TensorFlow has no XLA for the CPU: the TPU build). Deterministic:
 sizes combine with integer weights, and ties go to the lowest row by encoding the row index into the

@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.efficiency import bucket_fraction
-from tpu_pipeline.pipeline.modes.base import PlanRequest, SequenceMode
-from tpu_pipeline.pipeline.sequence_plan import BUCKET_WINDOW_BATCHES, SequencePlan, default_boundaries
-from tpu_pipeline.pipeline.sequence_stages import Bucket, bucket_batches
+from tpu_pipeline.pipeline.sequences.fill_estimates import bucket_fraction
+from tpu_pipeline.pipeline.sequences.modes.base import PlanRequest, SequenceMode
+from tpu_pipeline.pipeline.sequences.sequence_plan import BUCKET_WINDOW_BATCHES, SequencePlan, default_boundaries
+from tpu_pipeline.pipeline.sequences.sequence_stages import Bucket, bucket_batches
 from tpu_pipeline.pipeline.stages.batching import Batch
 from tpu_pipeline.pipeline.stages.evaluation import bucketed_evaluation
 

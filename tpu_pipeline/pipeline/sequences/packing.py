@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.core.tuning import tune
-from tpu_pipeline.pipeline.placement import place, placement_order, size_weights
+from tpu_pipeline.pipeline.sequences.placement import place, placement_order, size_weights
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
 ALGORITHMS = ("first_fit_decreasing", "best_fit_decreasing", "first_fit")
