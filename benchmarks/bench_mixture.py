@@ -52,7 +52,7 @@ from tpu_pipeline.config import config_from_dict  # noqa: E402
 from tpu_pipeline.pipeline import Pipeline  # noqa: E402
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY  # noqa: E402
 from tpu_pipeline.pipeline.core.mixed_records import mixed  # noqa: E402
-from tpu_pipeline.pipeline.mixture_source import MixtureSource, source_seed  # noqa: E402
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixtureSource, source_seed  # noqa: E402
 from tpu_pipeline.pipeline.stages.parse import make_parser  # noqa: E402
 
 WEIGHTS = (0.5, 0.3, 0.2)

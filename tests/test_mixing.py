@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
-from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions, block_quotas
-from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixturePart, MixtureSource
+from tpu_pipeline.pipeline.mixtures.schedule import MixingSchedule, MixturePositions, block_quotas
 from tpu_pipeline.pipeline.sources.base import ReadOptions
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords

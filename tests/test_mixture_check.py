@@ -16,7 +16,7 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY
-from tpu_pipeline.pipeline.mixture_check import check_mixture_length, check_training_mixture, training_need
+from tpu_pipeline.pipeline.mixtures.mixture_check import check_mixture_length, check_training_mixture, training_need
 from tpu_pipeline.records.writer import write_split
 from tpu_pipeline.testing.data import write_tfrecords
 

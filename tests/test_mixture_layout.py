@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
-from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.sources.base import ReadOptions
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords

@@ -18,7 +18,7 @@ import yaml
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
-from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.plan import make_plan
 from tpu_pipeline.pipeline.source_factory import mixture_from_config
 from tpu_pipeline.pipeline.sources.base import ReadOptions

@@ -16,7 +16,7 @@ from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline.builder import Pipeline
-from tpu_pipeline.pipeline.source_meter import source_counts
+from tpu_pipeline.pipeline.mixtures.share_meter import source_counts
 from tpu_pipeline.records.writer import write_split
 
 NAMES = ("web", "code", "books")

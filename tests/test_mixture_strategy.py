@@ -22,7 +22,7 @@ import yaml
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.builder import Pipeline
-from tpu_pipeline.pipeline.mixing import block_quotas
+from tpu_pipeline.pipeline.mixtures.schedule import block_quotas
 from tpu_pipeline.records.writer import int_feature, write_split
 
 SOURCES = {"web": 768, "code": 512, "books": 256}  # records per source

@@ -7,7 +7,7 @@ on the same iterator), and the output says what the figure covers. For a data.se
 throughput line also gives tokens/s (real tokens of the first token key) and the non-padding
 fraction (real tokens / token slots; `tpu_pipeline.pipeline.sequences.token_count`), and examples/s
 counts real examples (in pack mode, the examples in the rows). A mixture also gets the shares each source
-was delivered at, beside the weights (`pipeline.source_meter`).
+was delivered at, beside the weights (`pipeline.mixtures.share_meter`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from absl import flags
 from tpu_pipeline.commands._common import load
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.source_meter import shares_line, with_source_meter
+from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_meter
 
 flags.DEFINE_integer("steps", 200, "batches to time (after the warm-up)")
 flags.DEFINE_integer("warmup", 20, "batches to skip before timing (fills caches and buffers)")

@@ -24,7 +24,7 @@ from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.empty_check import first_records
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
-from tpu_pipeline.pipeline.mixture_weights import by_tokens
+from tpu_pipeline.pipeline.mixtures.mixture_weights import by_tokens
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.record_check import Vocabulary
 from tpu_pipeline.pipeline.sequences.modes.base import SequenceMode

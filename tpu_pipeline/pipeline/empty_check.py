@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import DataError
 from tpu_pipeline.format import load_dataset_dir
-from tpu_pipeline.pipeline.mixture_source import MixtureSource
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixtureSource
 from tpu_pipeline.pipeline.sources.base import RecordFileSource
 from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.spec_check import first_record

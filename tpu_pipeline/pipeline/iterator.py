@@ -33,7 +33,7 @@ from absl import logging
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.core.resume_position import last_position
-from tpu_pipeline.pipeline.reweighting import outputs_per_step, resumed
+from tpu_pipeline.pipeline.mixtures.reweighting import outputs_per_step, resumed
 from tpu_pipeline.pipeline.sequences.sequence_stages import Windowed
 
 

@@ -18,7 +18,7 @@ from tpu_pipeline.config.data import DataConfig, FeatureConfig, TFDSSourceConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import check_ops, get_op
 from tpu_pipeline.pipeline.core.element_keys import SOURCE_KEY
-from tpu_pipeline.pipeline.mixture_source import MixtureSource
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixtureSource
 from tpu_pipeline.pipeline.sequences.modes.registry import plan_sequence
 from tpu_pipeline.pipeline.sources.base import ReadOptions, Source
 from tpu_pipeline.system import available_memory_bytes

@@ -6,7 +6,7 @@ pipeline reads): kept in a module of its own so neither has to import the other 
 from __future__ import annotations
 
 from tpu_pipeline.config.data import ArraySourceConfig, DataConfig, TFDSSourceConfig, TFRecordSourceConfig
-from tpu_pipeline.pipeline.mixture_source import MixturePart, MixtureSource
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixturePart, MixtureSource
 from tpu_pipeline.pipeline.sources.arrays import ArraySource
 from tpu_pipeline.pipeline.sources.base import Source
 from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource

@@ -32,7 +32,7 @@ import tensorflow as tf
 from tpu_pipeline.config.data import SEQUENCE_KINDS, DataConfig
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.core.mixed_records import with_sources
-from tpu_pipeline.pipeline.mixture_parse import source_parser
+from tpu_pipeline.pipeline.mixtures.mixture_parse import source_parser
 from tpu_pipeline.pipeline.plan import Plan
 from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
 from tpu_pipeline.pipeline.stages.batching import Batch

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.mixture import MixtureConfig
-from tpu_pipeline.pipeline.source_meter import mixture_counts
+from tpu_pipeline.pipeline.mixtures.share_meter import mixture_counts
 
 
 def mixture_figures(mixture: MixtureConfig, examples: Sequence[int], tokens: Sequence[int],

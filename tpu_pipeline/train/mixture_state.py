@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.reweighting import outputs_per_step, resumed
+from tpu_pipeline.pipeline.mixtures.reweighting import outputs_per_step, resumed
 
 MIXTURE_KEY = "mixture"  # the mixture's weights in the checkpoint (MixtureState)
 

@@ -30,20 +30,20 @@ from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
-from tpu_pipeline.pipeline.mixture_check import check_training_mixture
-from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
+from tpu_pipeline.pipeline.mixtures.mixture_check import check_training_mixture
+from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_meter
 from tpu_pipeline.pipeline.record_check import config_vocabulary, tf_message
-from tpu_pipeline.pipeline.source_meter import shares_line, with_source_meter
+from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
+from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, TrainState
+from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
+from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
-from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
 from tpu_pipeline.train.stall import StallWatch, kept_line
-from tpu_pipeline.train import started_with
-from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition
 
 # What a collective raises when a peer worker died or hung up.

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import SEQUENCE_KINDS
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.mixture_source import MixtureSource
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixtureSource
 from tpu_pipeline.pipeline.stages.parse import make_parser
 
 SAMPLE_RECORDS = 512  # records read from each source's first files to measure its tokens per example

@@ -1,7 +1,7 @@
 """A mixture that ends before the run it feeds is over: found before the first step, in one line.
 
 A mixture whose sources `drop` or `stop` delivers a fixed number of examples on each input pipeline
-(`mixing.MixturePositions.length`, a closed form of the schedule). A `stop` source too small for its
+(`schedule.MixturePositions.length`, a closed form of the schedule). A `stop` source too small for its
 share ends the whole mixture early: training would run out of data part way (Keras only warns, and
 stops the epoch) and a batch-dropping pipeline could deliver nothing at all, output that looks complete
 and isn't. `check_mixture_length` compares that length with what the run needs and names the source at
@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.mixture_source import MixtureSource
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixtureSource
 
 FIX = "lower its weight, give it more records, or set its exhausted: drop (it leaves) or repeat"
 

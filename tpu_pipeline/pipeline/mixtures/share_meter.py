@@ -1,4 +1,4 @@
-"""Which source a mixture's batches held: examples and real tokens per source, and their shares beside the weights.
+"""A mixture's shares as delivered: examples and real tokens per source of its batches, beside the weights.
 
 Each mixed example carries its source (`SOURCE_KEY`, its index in data.mixture.sources) up to the
 outputs: one per example, or in pack mode each row the tokens and segments it holds of each source

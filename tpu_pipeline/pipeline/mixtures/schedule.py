@@ -1,4 +1,4 @@
-"""Which source each position of a mixture draws from: a pure function of (data.seed, position).
+"""Which source each position of a mixture draws from: a pure function of (data.seed, position): its schedule.
 
 Positions come in blocks of `BLOCK`. Every block holds exactly `quota[i]` positions of source i
 (the weights apportioned to the block by largest remainder), in an order drawn per block from the

@@ -3,9 +3,9 @@
 Each source reads its own files (its own per-epoch file order and record shuffle, from a seed of
 its own: `data.seed` and its name) and is positioned on its own: after `c` examples it is in epoch
 `c // L` at record `c % L` (L: its epoch length on this input pipeline), exactly as a single
-source resumes. `mixing.MixingSchedule` says which source each position draws from, so after `n`
+source resumes. `schedule.MixingSchedule` says which source each position draws from, so after `n`
 delivered examples the whole mixture is at a place computed from `n` alone: the choice position
-and every source's count (`mixing.MixturePositions`). A resume rebuilds every source at its count
+and every source's count (`schedule.MixturePositions`). A resume rebuilds every source at its count
 and the choices at the choice position: the saved state stays the iterators' few integers, never
 a buffer, where tf.data's `sample_from_datasets` can only resume by saving every source's buffers.
 
@@ -31,7 +31,7 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.format import DatasetInfo
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.core.mixed_records import mixed
-from tpu_pipeline.pipeline.mixing import MixingSchedule, MixturePositions
+from tpu_pipeline.pipeline.mixtures.schedule import MixingSchedule, MixturePositions
 from tpu_pipeline.pipeline.sources.base import ReadOptions, RecordFileSource
 from tpu_pipeline.pipeline.stages.base import StageContext
 from tpu_pipeline.pipeline.stages.shuffles import WindowShuffle
