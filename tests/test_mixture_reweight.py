@@ -253,7 +253,7 @@ def test_train_resumed_with_new_weights_twice_and_killed_trains_on_the_iterators
     from test_mixture_train import CORPORA, HERE, REPLICAS, STEPS, mixture_config
 
     from tpu_pipeline.config import config_from_dict
-    from tpu_pipeline.pipeline.record_check import config_vocabulary
+    from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
     from tpu_pipeline.train.runner import _training_data
 
     raw = mixture_config(tmp_path)

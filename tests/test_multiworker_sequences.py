@@ -64,7 +64,7 @@ def uninterrupted(raw: dict, steps: int) -> Log:
     from preemption_child import document_ids
     from tpu_pipeline.config import config_from_dict
     from tpu_pipeline.pipeline import Pipeline
-    from tpu_pipeline.pipeline.record_check import config_vocabulary
+    from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
     from tpu_pipeline.train.runner import _training_data
 
     config = config_from_dict(raw)

@@ -11,7 +11,7 @@ import tensorflow as tf
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import ConfigError, TpuCompatibilityError
 from tpu_pipeline.pipeline import Pipeline, choose_sharding
-from tpu_pipeline.pipeline.tpu_check import TPU_DTYPES, tpu_problems
+from tpu_pipeline.pipeline.checks.tpu_check import TPU_DTYPES, tpu_problems
 
 from helpers import data_config, jpeg_examples, write_jpeg_shards
 

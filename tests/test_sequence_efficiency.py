@@ -18,12 +18,12 @@ from tpu_pipeline.bench.doctor import sequence_report
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.errors import TpuCompatibilityError
 from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.checks.tpu_check import check_tpu_compatible, tpu_advice, tpu_problems
 from tpu_pipeline.pipeline.sequences.fill_estimates import bucket_fraction, pack_fraction, pad_fraction
 from tpu_pipeline.pipeline.sequences.sequence_stages import bucket_batches
 from tpu_pipeline.pipeline.sequences.token_count import (
     example_lengths, non_padding_fraction, real_and_slots, real_examples, sequence_keys,
 )
-from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible, tpu_advice, tpu_problems
 from tpu_pipeline.records.writer import int_feature, write_split
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -64,7 +64,7 @@ def test_the_task_names_are_defined_once_and_the_registry_has_one_object_each():
 def test_the_model_and_report_modules_ask_the_task_instead_of_comparing_its_name():
     compared = re.compile(r"""task\s*[!=]=\s*["']|["'](classification|language_model)["']\s*[!=]=""")
     modules = ["model/builder.py", "model/architectures.py", "model/transformer.py", "train/callbacks.py",
-               "config/data.py", "pipeline/record_check.py", "train/model_inputs.py", "train/runner.py"]
+               "config/data.py", "pipeline/checks/record_check.py", "train/model_inputs.py", "train/runner.py"]
     sources = _sources()
     offenders = [m for m in modules if compared.search(sources[os.path.join(*m.split("/"))])]
     assert not offenders, offenders

@@ -162,7 +162,7 @@ def uninterrupted_documents(raw: dict, steps: int, replicas: int) -> dict[tuple[
     process of its own)."""
     from preemption_child import document_ids
     from tpu_pipeline.pipeline import Pipeline
-    from tpu_pipeline.pipeline.record_check import config_vocabulary
+    from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
     from tpu_pipeline.train.runner import _training_data
 
     config = config_from_dict(raw)

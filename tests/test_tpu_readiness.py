@@ -32,7 +32,7 @@ import tensorflow as tf
 from tpu_pipeline.cluster.resolver import ClusterInfo
 from tpu_pipeline.config import load_config
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.record_check import config_vocabulary
+from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.records import ConvertOptions, convert, ensure_demo_dataset
 from tpu_pipeline.records.image_folder import ImageFolderSource
 from tpu_pipeline.records.text_input import TextSource

@@ -235,7 +235,7 @@ def test_sequence_examples_are_token_features_and_fixed_integers_are_not(tmp_pat
             writer.write(record.SerializeToString())
     data = {"source": {"type": "tfrecord", "files": path}, "batch_size": 1, "outputs": None,
             "features": {"tokens": {"dtype": "int64", "kind": "sequence"}, "label": {"dtype": "int64"}}}
-    from tpu_pipeline.pipeline.record_check import Vocabulary
+    from tpu_pipeline.format.vocabulary import Vocabulary
 
     (fault,) = verify_data(config_from_dict({"data": data}).data, progress=False, vocab=Vocabulary(VOCAB)).faults
     assert (fault.record, fault.kind) == (1, "token_out_of_vocab") and "position 1" in fault.what, fault.line()

@@ -1,10 +1,10 @@
 """`verify`: read every record of a config's source once, before paying for a TPU, and list every fault.
 
 The files come from the config's source (a glob or a converted dataset's metadata.json, with its
-record counts and class names); each file is checked by `pipeline.record_check.FileChecker`, in parallel
+record counts and class names); each file is checked by `pipeline.checks.record_check.FileChecker`, in parallel
 (one thread per file, up to the host's cores: TF ops and CRCs release the GIL). Token ids are checked
 against each file's dataset's tokenizer (metadata.json), else the vocabulary `vocab` of the whole config
-(`config_vocabulary`); the report says once which, or that none is known.
+(`checks.vocabularies.config_vocabulary`); the report says once which, or that none is known.
 """
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from typing import Optional
 from tqdm import tqdm
 
 from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.format.vocabulary import Vocabulary
+from tpu_pipeline.pipeline.checks.record_check import Report
+from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.pipeline.data_errors import checked_files, first_fault
-from tpu_pipeline.pipeline.record_check import Report, Vocabulary, config_vocabulary
 
-# first_fault lives in pipeline.data_errors (every reader names faults), config_vocabulary in record_check
+# first_fault lives in pipeline.data_errors (every reader names faults), config_vocabulary in checks.vocabularies
 __all__ = ["config_vocabulary", "first_fault", "verify_data"]
 
 

@@ -1,5 +1,6 @@
 """Composable tf.data stages and the Pipeline that builds them per input pipeline. No Keras here."""
 from tpu_pipeline.pipeline.builder import Pipeline, build_dataset
+from tpu_pipeline.pipeline.checks.tpu_check import check_tpu_compatible, tpu_problems
 from tpu_pipeline.pipeline.plan import Decision, Plan, make_plan
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources.arrays import ArraySource
@@ -20,7 +21,6 @@ from tpu_pipeline.pipeline.stages.parse import feature_spec, make_parser
 from tpu_pipeline.pipeline.stages.prefetch import Prefetch
 from tpu_pipeline.pipeline.stages.repeat import Repeat
 from tpu_pipeline.pipeline.stages.shuffles import Shuffle, WindowShuffle
-from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible, tpu_problems
 
 __all__ = [
     "ArraySource", "Batch", "Cache", "DatasetDirSource", "Decision", "MapFeatures", "Pipeline", "Plan", "Prefetch",

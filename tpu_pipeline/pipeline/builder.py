@@ -18,21 +18,22 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline.bad_records import SkipReport, check_copies_reachable, without_bad_records
+from tpu_pipeline.format.vocabulary import Vocabulary
+from tpu_pipeline.pipeline.checks.bad_records import SkipReport, check_copies_reachable, without_bad_records
+from tpu_pipeline.pipeline.checks.empty_check import first_records
+from tpu_pipeline.pipeline.checks.spec_check import check_first_record
+from tpu_pipeline.pipeline.checks.tpu_check import check_tpu_compatible
 from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
-from tpu_pipeline.pipeline.empty_check import first_records
 from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.mixtures.mixture_weights import by_tokens
 from tpu_pipeline.pipeline.plan import Plan, make_plan
-from tpu_pipeline.pipeline.record_check import Vocabulary
 from tpu_pipeline.pipeline.sequences.modes.base import SequenceMode
 from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
 from tpu_pipeline.pipeline.sequences.sequence_stages import Windowed
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
-from tpu_pipeline.pipeline.spec_check import check_first_record
 from tpu_pipeline.pipeline.stage_assembly import stages_from_plan
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 from tpu_pipeline.pipeline.stages.batching import per_replica_batch_size
@@ -40,7 +41,6 @@ from tpu_pipeline.pipeline.stages.evaluation import evaluation_steps, for_evalua
 from tpu_pipeline.pipeline.stages.outputs import SplitPosition
 from tpu_pipeline.pipeline.stages.roles import Parts, split_by_roles
 from tpu_pipeline.pipeline.stages.service_split import ServiceSplit
-from tpu_pipeline.pipeline.tpu_check import check_tpu_compatible
 
 FIRST_EPOCH = 0
 
@@ -349,7 +349,7 @@ class Pipeline:
 
         `source` replaces the config's source, e.g. `ArraySource(arrays)` from Python; `prefix` is
         the config key errors name (data, eval_data); `num_classes`, where known, lets
-        `on_error: skip` check labels, and `vocab` (`record_check.config_vocabulary(config)`) token ids
+        `on_error: skip` check labels, and `vocab` (`vocabularies.config_vocabulary(config)`) token ids
         where the dataset's metadata.json names no tokenizer.
         """
         source = source or source_from_config(config)

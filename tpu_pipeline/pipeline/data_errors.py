@@ -24,8 +24,10 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.errors import DataError, TpuPipelineError
+from tpu_pipeline.format.vocabulary import Vocabulary
+from tpu_pipeline.pipeline.checks.record_check import Fault, FileChecker, tf_message
+from tpu_pipeline.pipeline.checks.vocabularies import dataset_vocabularies
 from tpu_pipeline.pipeline.plan import make_plan
-from tpu_pipeline.pipeline.record_check import Fault, FileChecker, Vocabulary, dataset_vocabularies, tf_message
 from tpu_pipeline.pipeline.source_factory import source_from_config
 from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
 
@@ -39,7 +41,7 @@ def checked_files(config: DataConfig, prefix: str = "data", num_classes: Optiona
                   ) -> tuple[FileChecker, list[str], str, list[Optional[int]]]:
     """(the checker, the files, their compression, records per file where metadata.json lists them)
     of `source` (default: the config's own); a DataError when it is not TFRecord files. `vocab`: the
-    whole config's token vocabulary (`record_check.config_vocabulary`), for files whose dataset has none."""
+    whole config's token vocabulary (`vocabularies.config_vocabulary`), for files whose dataset has none."""
     if source is None:
         source = source_from_config(config)
     if not isinstance(source, RecordFileSource):

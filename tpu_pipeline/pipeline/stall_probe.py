@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.record_check import tf_message
+from tpu_pipeline.pipeline.checks.record_check import tf_message
 from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 

@@ -29,10 +29,11 @@ from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.checks.record_check import tf_message
+from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
 from tpu_pipeline.pipeline.mixtures.mixture_check import check_training_mixture
 from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_meter
-from tpu_pipeline.pipeline.record_check import config_vocabulary, tf_message
 from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import TimedCheckpointer, cadence

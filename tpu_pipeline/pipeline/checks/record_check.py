@@ -1,22 +1,20 @@
 """Checking TFRecord files record by record, locating every fault: what `verify` runs on every file,
 and what `train` runs to name the file and record behind a data error.
 
-Per record: framing and both CRCs (`pipeline.record_scan`, which goes on after a bad data CRC), the record
+Per record: framing and both CRCs (`record_scan`, which goes on after a bad data CRC), the record
 against the feature spec (`format.example_check`, the same check the pipeline makes on one record
 at build time), the label against the class count where it is known, token features (integer ids
 of kind ragged or sequence) against their vocabulary and for emptiness, and the deterministic
 preprocessing ops one by one (so a failure names its op: a JPEG that does not decode). Per file:
 its record count against metadata.json. Random ops are left out: they are not the data's fault.
 
-A file's token ids must fit the model's vocabulary (`config_vocabulary`, the order `train` sizes the model
-by: `format.vocabulary`) and its dataset's tokenizer (the metadata.json beside it, which lists it), the
-smaller where both are known; with none known, only negative ids are faults.
+A file's token ids must fit the model's vocabulary and its dataset's tokenizer (`vocabularies`: which
+vocabulary each is), the smaller where both are known; with none known, only negative ids are faults.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import re
 import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -24,13 +22,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import tensorflow as tf
 
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.format.example_check import (Record as Proto, context_features, is_token_feature, misfit,
                                                 parse_record, token_ids)
-from tpu_pipeline.format.metadata import read_metadata
-from tpu_pipeline.format.vocabulary import Vocabulary, checked_vocabulary, model_vocabulary, tokenizer_vocabulary
+from tpu_pipeline.format.vocabulary import Vocabulary, checked_vocabulary
 from tpu_pipeline.ops import build_ops
-from tpu_pipeline.pipeline.record_scan import FramingFault, Record, scan_records
+from tpu_pipeline.pipeline.checks.record_scan import FramingFault, Record, scan_records
 from tpu_pipeline.pipeline.stages.parse import make_parser
 
 FIXES = {
@@ -68,42 +64,6 @@ class Fault:
         if self.offset is not None:
             where += f" (byte {self.offset:,})"
         return f"{where}: {self.what}; {self.fix}"
-
-
-def config_vocabulary(config: Any) -> Optional[Vocabulary]:
-    """A whole config's token vocabulary (`format.vocabulary.model_vocabulary` without a tokenizer):
-    model.transformer.vocab_size, else train.num_classes when train.task predicts tokens (the next
-    token is the class); None when neither says."""
-    transformer = getattr(getattr(config, "model", None), "transformer", None)
-    train = getattr(config, "train", None)
-    return model_vocabulary(getattr(transformer, "vocab_size", None), getattr(train, "num_classes", None),
-                            predicts_tokens(getattr(train, "task", "")))
-
-
-def _listed_files(metadata: Optional[Mapping[str, Any]]) -> set[str]:
-    splits = (metadata or {}).get("splits") or {}
-    return {name for entry in splits.values() if isinstance(entry, Mapping) for name in entry.get("files") or []}
-
-
-def _read_metadata(directory: str) -> Optional[dict[str, Any]]:
-    try:
-        return read_metadata(directory)
-    except (OSError, ValueError, tf.errors.OpError):
-        return None  # not a converted dataset's metadata: no vocabulary from it
-
-
-def dataset_vocabularies(files: Sequence[str]) -> dict[str, Optional[Vocabulary]]:
-    """Each file's vocabulary from the metadata.json beside it, when that metadata lists the file
-    (a glob over a converted dataset's shards included); None where none says."""
-    by_dir: dict[str, Optional[dict[str, Any]]] = {}
-    found: dict[str, Optional[Vocabulary]] = {}
-    for path in files:
-        directory, name = os.path.split(path)
-        if directory not in by_dir:
-            by_dir[directory] = _read_metadata(directory)
-        metadata = by_dir[directory]
-        found[path] = tokenizer_vocabulary(metadata) if name in _listed_files(metadata) else None
-    return found
 
 
 def count_by_kind(faults: Sequence[Fault]) -> dict[str, int]:

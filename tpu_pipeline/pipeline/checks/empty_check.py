@@ -16,10 +16,10 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import DataError
 from tpu_pipeline.format import load_dataset_dir
+from tpu_pipeline.pipeline.checks.spec_check import first_record
 from tpu_pipeline.pipeline.mixtures.mixture_source import MixtureSource
 from tpu_pipeline.pipeline.sources.base import RecordFileSource
 from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
-from tpu_pipeline.pipeline.spec_check import first_record
 
 # (a file that holds a record, its first record or None where counts said so without reading it), per source
 Found = Optional[tuple[str, Optional[bytes]]]

@@ -30,9 +30,10 @@ from absl import logging
 
 from tpu_pipeline.config.data import DataConfig, service_host_port
 from tpu_pipeline.errors import ConfigError, DataError
-from tpu_pipeline.pipeline.record_check import (TAIL_KINDS, Fault, FileChecker, Vocabulary, count_by_kind,
-                                                dataset_vocabularies)
-from tpu_pipeline.pipeline.record_scan import Record, scan_records
+from tpu_pipeline.format.vocabulary import Vocabulary
+from tpu_pipeline.pipeline.checks.record_check import TAIL_KINDS, Fault, FileChecker, count_by_kind
+from tpu_pipeline.pipeline.checks.record_scan import Record, scan_records
+from tpu_pipeline.pipeline.checks.vocabularies import dataset_vocabularies
 from tpu_pipeline.pipeline.sources.base import RecordFileSource
 from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
