@@ -20,7 +20,7 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.config.loader import apply_overrides, merge
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.stall_probe import where_stuck
+from tpu_pipeline.pipeline.runtime.stall_probe import where_stuck
 
 
 def build(config: dict, prefix: str = "data") -> Pipeline:

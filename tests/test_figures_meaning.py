@@ -23,8 +23,8 @@ from tpu_pipeline.bench.measure import Measurement, Meter, aggregate, describe, 
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.pipeline.sequences.token_count import TokenMeter
-from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train.callbacks import ProgressLogger
 
 from helpers import run_together

@@ -5,7 +5,7 @@ import time
 
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
+from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 
 
 def _share_waiting(dataset: tf.data.Dataset, consumer_seconds: float, elements: int) -> float:

@@ -26,9 +26,9 @@ from tpu_pipeline.pipeline.checks.tpu_check import check_tpu_compatible
 from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
-from tpu_pipeline.pipeline.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.mixtures.mixture_weights import by_tokens
 from tpu_pipeline.pipeline.plan import Plan, make_plan
+from tpu_pipeline.pipeline.runtime.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.sequences.modes.base import SequenceMode
 from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
 from tpu_pipeline.pipeline.sequences.sequence_stages import Windowed

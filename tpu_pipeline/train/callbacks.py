@@ -10,7 +10,7 @@ import tensorflow as tf
 from tpu_pipeline.model import tf_keras
 from tpu_pipeline.model.tasks import Task, task_named
 from tpu_pipeline.pipeline.mixtures.share_meter import shares_line
-from tpu_pipeline.pipeline.wait_meter import InputWaitMeter
+from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter
 from tpu_pipeline.train.preemption import PreemptionFlag
 from tpu_pipeline.train.run_files import RunFiles
 

@@ -34,7 +34,7 @@ from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
 from tpu_pipeline.pipeline.mixtures.mixture_check import check_training_mixture
 from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_meter
-from tpu_pipeline.pipeline.wait_meter import InputWaitMeter, metered
+from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, TrainState

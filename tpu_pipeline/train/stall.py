@@ -4,10 +4,10 @@ A training step asks its input for a batch inside TensorFlow. While that request
 nothing on the main thread: neither Ctrl-C nor the SIGTERM handler (`train.preemption`) gets a turn,
 and a stream that never yields (an epoch that comes out empty, repeated for ever) holds the process at
 full CPU until it is killed. So a thread of its own watches the input meter's requests and deliveries
-(`pipeline.wait_meter`):
+(`pipeline.runtime.wait_meter`):
 
 - a request left unanswered for `train.input_stall_seconds`: the watch finds where the stream is stuck
-  (`pipeline.stall_probe`: the stages rebuilt one prefix at a time), prints one line saying so and
+  (`pipeline.runtime.stall_probe`: the stages rebuilt one prefix at a time), prints one line saying so and
   ends the process (exit 2);
 - SIGTERM or Ctrl-C while a request has been unanswered for `STOP_GRACE_SECONDS`: no step can end, so
   there is no step to save at; it prints the last checkpoint kept and ends the process at once (143,
@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from tpu_pipeline.pipeline.stall_probe import where_stuck
-from tpu_pipeline.pipeline.wait_meter import InputWaitMeter
+from tpu_pipeline.pipeline.runtime.stall_probe import where_stuck
+from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter
 
 # After SIGTERM or Ctrl-C: how long an unanswered request may have waited before the watch ends the run
 # itself (a healthy input answers within a step; a preemption notice leaves about 30 s).

@@ -15,7 +15,7 @@ from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.cluster.coordination import KeyValueStore, StoreUnavailable
 from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.pipeline import Pipeline
-from tpu_pipeline.pipeline.position_log import PositionLog
+from tpu_pipeline.pipeline.runtime.position_log import PositionLog
 
 POSITION_KEY = "data"  # a windowed pipeline's input positions in the checkpoint (WindowedPosition)
 # How long a save waits for every worker's input position: all save the same step, so a step's skew
