@@ -16,9 +16,10 @@ import tensorflow as tf
 from tpu_pipeline.bench.measure import Measurement, measure_for, summarize
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.format import DatasetInfo
-from tpu_pipeline.pipeline import Pipeline, Source
+from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY, SOURCE_KEY
 from tpu_pipeline.pipeline.core.mixed_records import is_mixed, mixed, records_spec
+from tpu_pipeline.pipeline.sources.base import Source
 
 
 def single_thread_options() -> tf.data.Options:

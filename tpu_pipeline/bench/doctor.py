@@ -32,8 +32,9 @@ from tpu_pipeline.config.base import validate
 from tpu_pipeline.config.data import DataConfig, ServiceConfig, TFRecordSourceConfig
 from tpu_pipeline.config.loader import apply_overrides
 from tpu_pipeline.ops import get_op
-from tpu_pipeline.pipeline import Pipeline, Plan
+from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.mixtures.share_meter import mixture_counts, shares_line, with_source_meter
+from tpu_pipeline.pipeline.plan import Plan
 
 
 NOISE_SHARE = 0.01  # stages below 1% of the per-example work are within measurement noise

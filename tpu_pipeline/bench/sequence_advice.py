@@ -18,7 +18,8 @@ import tensorflow as tf
 from tpu_pipeline.bench.finding import Finding
 from tpu_pipeline.bench.measure import Measurement
 from tpu_pipeline.config.data import DataConfig, ServiceConfig
-from tpu_pipeline.pipeline import Pipeline, Plan
+from tpu_pipeline.pipeline.builder import Pipeline
+from tpu_pipeline.pipeline.plan import Plan
 from tpu_pipeline.pipeline.sequences.fill_estimates import pack_fraction, pad_fraction
 from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
 from tpu_pipeline.pipeline.sequences.token_count import example_lengths, sequence_keys

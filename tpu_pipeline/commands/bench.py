@@ -31,7 +31,7 @@ FLAGS = flags.FLAGS
 def run(overrides: Sequence[str]) -> int:
     from tpu_pipeline.bench.ceilings import measure_ceilings
     from tpu_pipeline.bench.measure import Meter, aggregate, available_cores, describe, measure, summarize
-    from tpu_pipeline.pipeline import Pipeline
+    from tpu_pipeline.pipeline.builder import Pipeline
     from tpu_pipeline.pipeline.mixtures.share_meter import mixture_counts, shares_line, with_source_meter
     from tpu_pipeline.pipeline.sequences.token_count import sequence_keys
 

@@ -17,7 +17,7 @@ from absl import flags
 
 from tpu_pipeline.commands._common import load
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_meter
 
 flags.DEFINE_integer("steps", 200, "batches to time (after the warm-up)")

@@ -7,7 +7,8 @@ from typing import Any, Iterable, Optional
 
 import tensorflow as tf
 
-from tpu_pipeline.pipeline import Pipeline, check_tpu_compatible
+from tpu_pipeline.pipeline.builder import Pipeline
+from tpu_pipeline.pipeline.checks.tpu_check import check_tpu_compatible
 
 
 def _ids(element: Any, key: str) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.mixtures.reweighting import outputs_per_step, resumed
 
 MIXTURE_KEY = "mixture"  # the mixture's weights in the checkpoint (MixtureState)

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import Pipeline
 
 _RAGGED = ("data.outputs.inputs: its examples vary in length (a ragged feature), and a model needs static shapes: "
            "add data.sequence: {keys: [...], length: 1024, mode: pack} (or pad, bucket) to pad, bucket or pack them")

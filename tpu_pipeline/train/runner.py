@@ -28,7 +28,7 @@ from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabular
 from tpu_pipeline.model import build_model, tf_keras
 from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
-from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.checks.record_check import tf_message
 from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error

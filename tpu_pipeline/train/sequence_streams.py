@@ -11,7 +11,7 @@ from typing import Any, Optional
 import tensorflow as tf
 from absl import logging
 
-from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.sequences.token_count import TokenMeter, sequence_keys
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 

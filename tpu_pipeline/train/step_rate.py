@@ -18,7 +18,7 @@ from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import ServiceConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model import tf_keras
-from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.train.callbacks import StepClock
 from tpu_pipeline.train.model_inputs import element_shape

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.cluster.coordination import KeyValueStore, StoreUnavailable
 from tpu_pipeline.errors import ConfigError, PeerFailure
-from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.runtime.position_log import PositionLog
 
 POSITION_KEY = "data"  # a windowed pipeline's input positions in the checkpoint (WindowedPosition)
