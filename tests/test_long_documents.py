@@ -13,9 +13,10 @@ import tensorflow as tf
 from tpu_pipeline.bench.sequence_advice import FAR_LONGER, long_examples
 from tpu_pipeline.commands.convert import long_documents_line, summary
 from tpu_pipeline.config import config_from_dict
-from tpu_pipeline.records import ConvertOptions, convert
+from tpu_pipeline.format.record_limits import MAX_RECORD_TOKENS
 from tpu_pipeline.format.tokenizer import load_tokenizer
-from tpu_pipeline.records.text_input import LONG_DOCUMENT_TOKENS, MAX_RECORD_TOKENS, TextSource
+from tpu_pipeline.records import ConvertOptions, convert
+from tpu_pipeline.records.text_input import LONG_DOCUMENT_TOKENS, TextSource
 
 LONG = [LONG_DOCUMENT_TOKENS + 10, 2 * LONG_DOCUMENT_TOKENS, LONG_DOCUMENT_TOKENS]  # bytes; +1 EOS each
 

@@ -18,12 +18,12 @@ import tensorflow as tf
 from tpu_pipeline.bench.finding import Finding
 from tpu_pipeline.bench.measure import Measurement
 from tpu_pipeline.config.data import DataConfig, ServiceConfig
+from tpu_pipeline.format.record_limits import MAX_RECORD_TOKENS
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.plan import Plan
 from tpu_pipeline.pipeline.sequences.fill_estimates import pack_fraction, pad_fraction
 from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
 from tpu_pipeline.pipeline.sequences.token_count import example_lengths, sequence_keys
-from tpu_pipeline.records.text_input import MAX_RECORD_TOKENS
 
 LOW_FRACTION = 0.7  # pad or bucket below this share of tokens: pack is worth its segment ids
 PACK_WINDOW = 1024  # the window pack mode measured best (docs/sequences.md; the plan's auto)

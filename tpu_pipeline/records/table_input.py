@@ -21,6 +21,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.format.record_limits import MAX_RECORD_TOKENS
 from tpu_pipeline.format.tokenizer import ByteTokenizer, IdsTokenizer, Tokenizer, load_tokenizer
 from tpu_pipeline.records.hub_layout import ARROW, Layout, find_hf, find_parquet
 from tpu_pipeline.records.parallel import ordered_map
@@ -28,7 +29,7 @@ from tpu_pipeline.records.sharding import RECORD_OVERHEAD
 from tpu_pipeline.records.table_columns import OUT_NAMES, Columns, Result
 from tpu_pipeline.records.table_files import TableFiles
 from tpu_pipeline.records.table_order import SplitOrder
-from tpu_pipeline.records.token_records import MAX_RECORD_TOKENS, TokenRecords, check_token_flags
+from tpu_pipeline.records.token_records import TokenRecords, check_token_flags
 from tpu_pipeline.system import local_path
 
 SHUFFLE_WINDOW_MB = 256  # rows are shuffled within windows of about this much data (--shuffle_window_mb)

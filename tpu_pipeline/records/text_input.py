@@ -29,13 +29,12 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.errors import ConfigError, DataError
+from tpu_pipeline.format.record_limits import MAX_RECORD_TOKENS
 from tpu_pipeline.format.tokenizer import IdsTokenizer, Tokenizer, load_tokenizer
 from tpu_pipeline.records.convert_input import Encoded, ItemError
 from tpu_pipeline.records.parallel import ordered_map
-from tpu_pipeline.records.token_records import (
-    FEATURE, LONG_DOCUMENT_TOKENS, MAX_RECORD_TOKENS, TokenRecords, check_token_flags,
-)
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD, assign_splits, split_fractions
+from tpu_pipeline.records.token_records import FEATURE, LONG_DOCUMENT_TOKENS, TokenRecords, check_token_flags
 from tpu_pipeline.system import local_path
 
 TEXT_SUFFIXES = (".txt",)

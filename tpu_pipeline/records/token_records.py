@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.format.record_limits import MAX_RECORD_TOKENS
 from tpu_pipeline.format.tokenizer import BYTE_OFFSET, ByteTokenizer, Tokenizer
 from tpu_pipeline.records.convert_input import Encoded
 
@@ -26,9 +27,6 @@ FEATURE = "tokens"
 # A document longer than this (in tokens) is far longer than any row a model trains on: convert counts
 # such documents and says what a data.sequence pipeline does with them.
 LONG_DOCUMENT_TOKENS = 65_536
-# The most ids one record holds (--max_record_tokens; 0: a document is one record, however long): 64K ids
-# parse in a few MB, and are longer than any row a model trains on today.
-MAX_RECORD_TOKENS = 65_536
 EMPTY = Encoded((), {"empty": 1})
 
 
