@@ -361,7 +361,7 @@ def test_splits_cut_one_split_and_pick_or_rename_several(tmp_path, capsys):
 
 
 def test_split_names_follow_the_rules_of_datasets():
-    from tpu_pipeline.records.hub_layout import splits_by_name
+    from tpu_pipeline.records.tables.hub_layout import splits_by_name
 
     assert splits_by_name(["data/train-00000-of-00002.parquet", "data/train-00001-of-00002-5ad1c3e9.parquet",
                            "data/test_sft-00000-of-00001.parquet"])[:2] == (

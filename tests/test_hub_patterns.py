@@ -13,7 +13,7 @@ import datasets.data_files
 import pytest
 
 from tpu_pipeline.errors import DataError
-from tpu_pipeline.records.hub_layout import _glob, _walk, find_parquet
+from tpu_pipeline.records.tables.hub_layout import _glob, _walk, find_parquet
 
 TREE = ["main-a.parquet", "main-b.parquet", "_part.parquet", ".hidden.parquet", "extra/train-00000-of-00001.parquet",
         "extra/sub/deep.parquet", "data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet",

@@ -5,9 +5,9 @@ The unit of work is a *piece*: one Parquet row group, or one record batch of an 
 task reads one piece (only the columns it needs) and encodes all its rows at once; tasks run in
 parallel over files and pieces, and their results come back in order (`encode_stream`).
 
-The parts, one module each: which files make which split (hub_layout.py), reading pieces
-(table_files.py), which rows each output split holds and their order (table_order.py: seeded
-windows of row groups, exact resume), and the columns → tf.Examples (table_columns.py).
+The parts, one module each in `tables/`: which files make which split (hub_layout.py), reading
+pieces (files.py), which rows each output split holds and their order (order.py: seeded windows of
+row groups, exact resume), and the columns → tf.Examples (columns.py).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import numpy as np
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.format.record_limits import MAX_RECORD_TOKENS
 from tpu_pipeline.format.tokenizer import ByteTokenizer, IdsTokenizer, Tokenizer, load_tokenizer
-from tpu_pipeline.records.hub_layout import ARROW, Layout, find_hf, find_parquet
 from tpu_pipeline.records.parallel import ordered_map
 from tpu_pipeline.records.sharding import RECORD_OVERHEAD
-from tpu_pipeline.records.table_columns import OUT_NAMES, Columns, Result
-from tpu_pipeline.records.table_files import TableFiles
-from tpu_pipeline.records.table_order import SplitOrder
+from tpu_pipeline.records.tables.columns import OUT_NAMES, Columns, Result
+from tpu_pipeline.records.tables.files import TableFiles
+from tpu_pipeline.records.tables.hub_layout import ARROW, Layout, find_hf, find_parquet
+from tpu_pipeline.records.tables.order import SplitOrder
 from tpu_pipeline.records.token_records import TokenRecords, check_token_flags
 from tpu_pipeline.system import local_path
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.records.sharding import parse_splits, split_fractions
-from tpu_pipeline.records.table_files import TableFiles
+from tpu_pipeline.records.tables.files import TableFiles
 
 
 def seed_of(*parts: Union[int, str]) -> list[int]:

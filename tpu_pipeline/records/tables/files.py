@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from tpu_pipeline.errors import DataError
-from tpu_pipeline.records.hub_layout import ARROW, Layout
+from tpu_pipeline.records.tables.hub_layout import ARROW, Layout
 
 
 def is_int(dtype: pa.DataType) -> bool:

@@ -4,7 +4,7 @@ rows encoded as tf.Examples.
 - `--text_field` (strings, tokenized as `--from text` does; byte-level text as one array) or
   `--ids_field` (a list of ints per row) → `tokens`;
 - `--image_field` (datasets' Image: a struct of `bytes` and `path`; or binary) → `image` (the original
-  bytes, never re-encoded), `height` and `width` (from the header: image_header.py);
+  bytes, never re-encoded), `height` and `width` (from the header: records/image_header.py);
 - `--label_field` (ints, or strings made class ids) → `label`, and `label_name` when the classes have
   names (`--class_names`, datasets' ClassLabel, or the sorted distinct strings);
 - `--keep_fields` → scalar columns under their own names (ints and bools int64, floats float32,
@@ -26,9 +26,9 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.tokenizer import ByteTokenizer
 from tpu_pipeline.records.convert_input import Encoded, ItemError
 from tpu_pipeline.records.examples import feature, serialize, spec
-from tpu_pipeline.records.hub_layout import class_names_of, hf_features_of_schema
 from tpu_pipeline.records.image_header import NotAnImage, image_size
-from tpu_pipeline.records.table_files import TableFiles, is_binary, is_int, is_list, is_string, scalar_dtype
+from tpu_pipeline.records.tables.files import TableFiles, is_binary, is_int, is_list, is_string, scalar_dtype
+from tpu_pipeline.records.tables.hub_layout import class_names_of, hf_features_of_schema
 from tpu_pipeline.records.token_records import FEATURE, TokenRecords
 
 OUT_NAMES = ("tokens", "image", "height", "width", "label", "label_name")
