@@ -1,4 +1,4 @@
-"""The packer's chunk stream and its windows (tpu_pipeline.pipeline.chunking) against a plain Python
+"""The packer's chunk stream and its windows (tpu_pipeline.pipeline.sequences.chunking) against a plain Python
 reference: every chunk's tokens and number, windows of exactly `window` chunks in stream order, whatever
 the parse's blocks (smaller or larger than a window), with long tails cut, empty documents and a resume
 inside a document; and a block of chunks never holds more than twice its chunks' tokens."""
