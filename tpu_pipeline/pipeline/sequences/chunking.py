@@ -67,8 +67,8 @@ def overflow_check(counts: tf.Tensor, keys: Sequence[str], limits: Sequence[int]
 
 def chunk_block(block: Features, first_example: tf.Tensor, keys: Sequence[str], lengths: Mapping[str, int],
                 overflow: str, start_example: int, start_chunk: int, carried: Sequence[str] = ()) -> Features:
-    """One block of examples (numbered from `first_example`) → its chunks, in stream order, as parts
-    (`as_parts`): each key's values, each chunk's first token in them and its length.
+    """One block of examples (numbered from `first_example`) → its chunks, in stream order, as parts:
+    each key's values, each chunk's first token in them (`<key>_sources`) and its length (`<key>_lengths`).
 
     `split`: example e becomes ceil(longest key / its length) chunks, chunk c holding tokens
     [c × length_k, (c + 1) × length_k) of every key k (the keys' chunks stay aligned); `truncate`:
@@ -238,7 +238,7 @@ def window_stream(chunks: tf.data.Dataset, keys: Sequence[str], window: int) -> 
         rest = joined(none(left, tf.equal(emit, 0)), block, tf.maximum(emit - held, 0), count)
         return rest, (first_window, tf.cast(straddles, tf.int64), block, bounds)
 
-    def windows(first_window: dict, straddles: tf.Tensor, block: dict, bounds: dict) -> tf.data.Dataset:
+    def windows(first_window: dict, straddles: tf.Tensor, block: dict, bounds: tf.Tensor) -> tf.data.Dataset:
         first = tf.data.Dataset.from_tensors(first_window).take(straddles)
         spans_ = tf.data.Dataset.from_tensor_slices(bounds)
         return first.concatenate(tf.data.Dataset.zip((tf.data.Dataset.from_tensors(block).repeat(), spans_)).map(one))
