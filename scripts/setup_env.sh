@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-EXTRAS="test,notebook,text"
+EXTRAS="test,notebook,text,jax"
+# .venv-tpu is the TPUStrategy path: no JAX there (a JAX TPU VM runs no TPU TensorFlow; its tests run in .venv).
+TPU_EXTRAS="test,notebook,text"
 
 # The TPU TensorFlow, and why these pins (docs/tpu.md, "Which TensorFlow"):
 # - tensorflow-tpu 2.19.1 is the last TPU build that works: the registry's 2.20.0 asks only
@@ -92,7 +94,7 @@ fi
 # resolved together with the TensorFlow kept (so its own pins, e.g. protobuf<6, hold).
 "$VENV/bin/python" -m pip install --quiet --no-deps "tf-keras~=$TF_MINOR.0"
 # shellcheck disable=SC2046
-"$VENV/bin/python" -m pip install --quiet "$KEEP_TF" $("$VENV/bin/python" scripts/deps.py --extras "$EXTRAS")
+"$VENV/bin/python" -m pip install --quiet "$KEEP_TF" $("$VENV/bin/python" scripts/deps.py --extras "$TPU_EXTRAS")
 "$VENV/bin/python" -m pip install --quiet --no-deps -e .
 
 # Exactly one TensorFlow distribution: two (tensorflow + tensorflow-tpu) write one tensorflow/ folder.

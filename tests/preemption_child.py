@@ -3,6 +3,8 @@
     preemption_child.py loop  CONFIG_JSON OUT_DIR STEPS   # 2 input pipelines, our iterators, a custom loop
     preemption_child.py train CONFIG_JSON OUT_DIR         # `train` (8 CPU replicas, or a TF_CONFIG worker)
     preemption_child.py train_lm CONFIG_JSON OUT_DIR      # `train` of a language model on packed rows
+    preemption_child.py train_jax CONFIG_JSON OUT_DIR     # `train` on Keras 3 JAX (KERAS_BACKEND=jax, 8 devices)
+    preemption_child.py train_lm_jax CONFIG_JSON OUT_DIR  # the language model on Keras 3 JAX
 
 Each appends one line per training step to OUT_DIR/ids.log: `step pipeline-or-replica id id ...`.
 A killed child leaves lines for steps after its last checkpoint; the next child redoes those
@@ -23,7 +25,8 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+if not sys.argv[1].endswith("_jax"):
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf  # noqa: E402
 
@@ -81,7 +84,40 @@ def document_ids(tokens, segment_ids) -> list[int]:
     return out
 
 
-def train(config_path: str, out_dir: str, language_model: bool = False) -> None:
+def jax_logging_model(build_model, out_dir: str, language_model: bool):
+    """`build_model` whose Keras 3 JAX train_step logs, through `jax.debug.callback`, the ids of each
+    device's slice of the global batch (device i holds the i-th slice) at the optimizer's step."""
+    import jax
+    import numpy as np
+
+    def logging_model(*args, **kwargs):
+        model = build_model(*args, **kwargs)
+        train_step = model.train_step
+        devices = len(jax.devices())
+
+        def log(step, *ids):
+            step = int(np.asarray(step))
+            event(out_dir, f"train {step}")
+            for device in range(devices):
+                part = [np.split(np.asarray(x), devices)[device] for x in ids]
+                log_line(out_dir, step, device, document_ids(*part) if language_model else part[0])
+            time.sleep(0.02 * devices)  # room for the parent to kill at a chosen step
+            return None
+
+        def step_with_log(state, data):
+            optimizer_variables = state[2]
+            at = [v.path for v in model.optimizer.variables].index(model.optimizer.iterations.path)
+            logged = [data[0]["inputs"], data[0]["inputs_segment_ids"]] if language_model else [data[1]]
+            jax.debug.callback(log, optimizer_variables[at], *logged)
+            return train_step(state, data)
+
+        model.train_step = step_with_log
+        return model
+
+    return logging_model
+
+
+def train(config_path: str, out_dir: str, language_model: bool = False, on_jax: bool = False) -> None:
     """The real training job, with the model's train_step logging the ids it trains on: the targets,
     or for a language model the documents of the packed inputs' segments."""
     from tpu_pipeline.train import preemption, run_files, runner
@@ -139,7 +175,7 @@ def train(config_path: str, out_dir: str, language_model: bool = False) -> None:
 
     run_files.RunFiles.save_checkpoint, run_files.RunFiles.write_metrics = logged_save, logged_metrics
     preemption.PreemptionFlag._handle = logged_handle
-    runner.build_model = logging_model
+    runner.build_model = jax_logging_model(build_model, out_dir, language_model) if on_jax else logging_model
     from tpu_pipeline.cli import main
 
     try:
@@ -154,4 +190,4 @@ if __name__ == "__main__":
     if mode == "loop":
         loop(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
-        train(sys.argv[2], sys.argv[3], language_model=mode == "train_lm")
+        train(sys.argv[2], sys.argv[3], language_model=mode.startswith("train_lm"), on_jax=mode.endswith("_jax"))

@@ -596,7 +596,7 @@ def test_gpu_requested_without_gpu():
     [
         ({"cpu_replicas": 0}, "cluster.cpu_replicas=0: must be an integer of at least 1"),
         ({"accelerator": "tpuu"}, "cluster.accelerator='tpuu': must be 'auto', 'tpu', 'gpu', 'cpu' or 'multi_worker'"),
-        ({"tpus": "my-tpu"}, "cluster.tpus: unknown key; allowed keys here: accelerator, cpu_replicas, gpus, tpu,"),
+        ({"tpus": "my-tpu"}, "cluster.tpus: unknown key; allowed keys here: accelerator, coordinator_address, cpu_replicas, gpus, num_processes, process_id, tpu,"),
         ({"tpu": "  "}, "cluster.tpu: must not be empty"),
         ({"accelerator": "cpu", "tpu": "my-tpu"}, "cluster.tpu: a TPU is named but accelerator is 'cpu'"),
         ({"accelerator": "gpu", "cpu_replicas": 4}, "cluster.cpu_replicas: only applies to the CPU"),
@@ -615,6 +615,7 @@ def test_config_errors_name_the_key(data, needle):
 def test_config_defaults_and_good_values():
     assert ClusterConfig().model_dump() == {
         "accelerator": "auto", "tpu": None, "tpu_zone": None, "tpu_project": None, "cpu_replicas": 1, "gpus": None,
+        "coordinator_address": None, "num_processes": None, "process_id": None,
     }
     config = validate(ClusterConfig, {"accelerator": "tpu", "tpu": " grpc://10.0.0.2:8470 ", "tpu_zone": "us-central2-b"})
     assert (config.tpu, config.tpu_zone) == ("grpc://10.0.0.2:8470", "us-central2-b")

@@ -46,9 +46,10 @@ def max_step(out_dir: str) -> int:
     return max((step for step, _ in read_log(out_dir)), default=-1)
 
 
-def interrupt(command: list[str], out_dir: str, at_step: int, how: int, timeout: float = 240) -> subprocess.CompletedProcess:
+def interrupt(command: list[str], out_dir: str, at_step: int, how: int, timeout: float = 240,
+              env: dict | None = None) -> subprocess.CompletedProcess:
     """Starts `command`, sends `how` once it has logged step `at_step`; returns what it printed."""
-    child = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(command, cwd=REPO, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
     while child.poll() is None and max_step(out_dir) < at_step:
         assert time.monotonic() < deadline, "the child made no progress"

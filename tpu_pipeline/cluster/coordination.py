@@ -55,3 +55,40 @@ class CoordinationService:
             return None
         except tf.errors.UnavailableError as error:
             raise StoreUnavailable(str(error).splitlines()[0]) from None
+
+
+class JaxCoordinationStore:
+    """The key-value store of `jax.distributed`'s coordination service (process 0 hosts it): the same
+    small agreements on the JAX path. Its client is not public API either; this is its one seam."""
+
+    def __init__(self) -> None:
+        from jax._src import distributed  # the only private JAX import of the package
+
+        self._client = distributed.global_state.client
+        if self._client is None:
+            raise RuntimeError("jax.distributed is not started: its coordination service runs only with several processes")
+
+    def set(self, key: str, value: str) -> bool:
+        try:
+            self._client.key_value_set(key, value)
+        except Exception as error:  # jaxlib's runtime error carries the gRPC status in its text
+            text = str(error)
+            if "ALREADY_EXISTS" in text or "already exists" in text.lower():
+                return False
+            raise StoreUnavailable(text.splitlines()[0]) from None
+        return True
+
+    def get(self, key: str, timeout_seconds: Optional[float] = None) -> Optional[str]:
+        timeout_ms = 2**31 - 1 if timeout_seconds is None else max(1, int(timeout_seconds * 1000))
+        try:
+            return self._client.blocking_key_value_get(key, timeout_ms)
+        except Exception as error:
+            text = str(error)
+            if "DEADLINE_EXCEEDED" in text or "timed out" in text.lower():
+                return None
+            raise StoreUnavailable(text.splitlines()[0]) from None
+
+
+def store_for(framework: str) -> KeyValueStore:
+    """The store of this process's cluster: TensorFlow's coordination service, or JAX's."""
+    return JaxCoordinationStore() if framework == "jax" else CoordinationService()

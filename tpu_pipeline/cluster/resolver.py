@@ -39,18 +39,19 @@ class ClusterInfo:
     source: str = ""  # where the choice came from, e.g. 'TPU_NAME env var' or 'cluster.cpu_replicas'
     worker_id: int = 0  # this process among the training processes (TF_CONFIG: chief first, then workers)
     is_chief: bool = True  # writes the run's files; False on the other TF_CONFIG workers
+    framework: str = "tensorflow"  # or "jax": `strategy` is then a `jax_devices.JaxDataParallel`
 
     @property
     def num_workers(self) -> int:
-        """Training processes (each runs this same program): TF_CONFIG workers, else 1. A TPU pod
-        slice is one process here: TPUStrategy drives every host's TPU and input from it."""
-        return self.num_hosts if self.kind == "multi-worker" else 1
+        """Training processes (each runs this same program): TF_CONFIG workers or JAX processes, else 1.
+        A TPU pod slice under TPUStrategy is one process here: it drives every host's TPU and input."""
+        return self.num_hosts if self.kind == "multi-worker" or self.framework == "jax" else 1
 
     def describe(self) -> str:
         """One line for logs, e.g. `cluster: tpu, 8 replicas on 1 host (TPUStrategy, tpu='local')`."""
         replicas = f"{self.num_replicas} replica" + ("s" if self.num_replicas != 1 else "")
         hosts = f"{self.num_hosts} host" + ("s" if self.num_hosts != 1 else "")
-        extra = [type(self.strategy).__name__.lstrip("_")]
+        extra = [type(self.strategy).__name__.lstrip("_")] + (["Keras 3 on JAX"] if self.framework == "jax" else [])
         if self.tpu:
             extra.append(f"tpu={self.tpu!r}")
         if self.source:
@@ -78,13 +79,23 @@ def resolve(
     *,
     env: Mapping[str, str] = os.environ,
     tpu_backend: tpu_lib.TpuBackend | None = None,
+    framework: str = "tensorflow",
 ) -> ClusterInfo:
     """Finds the accelerator and builds its strategy. Safe to call twice: a TPU is initialized once.
 
     Call it at program start, before other TensorFlow ops: splitting the CPU into logical devices
     and starting a multi-worker cluster are only possible before TensorFlow initializes.
+    `framework='jax'` (model.framework): JAX's devices and a `keras.distribution` instead (`jax_devices`).
     """
     config = config or ClusterConfig()
+    if framework == "jax":
+        from tpu_pipeline.cluster.jax_devices import resolve_jax  # imports JAX: only on that path
+
+        return resolve_jax(config, env=env)
+    for key in ("coordinator_address", "num_processes", "process_id"):
+        if getattr(config, key) is not None:
+            raise ClusterError(f"cluster.{key} is for model.framework jax (jax.distributed); a TensorFlow cluster "
+                               "of several workers is described by TF_CONFIG")
     backend = tpu_backend or tpu_lib.DEFAULT_BACKEND
     if config.accelerator in ("auto", "tpu"):
         info = _resolve_tpu(config, env, backend)

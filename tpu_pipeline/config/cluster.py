@@ -46,6 +46,14 @@ class ClusterConfig(StrictModel):
         "None uses them all.",
     )
 
+    coordinator_address: str | None = pydantic.Field(
+        None, description="model.framework jax with several processes: host:port of process 0's jax.distributed "
+        "coordinator (with num_processes and process_id). None: JAX_COORDINATOR_ADDRESS, or a multi-host TPU "
+        "slice's own environment, else one process",
+    )
+    num_processes: int | None = pydantic.Field(None, ge=1, description="model.framework jax: processes in all")
+    process_id: int | None = pydantic.Field(None, ge=0, description="model.framework jax: this process, 0 first")
+
     @pydantic.field_validator("tpu", "tpu_zone", "tpu_project")
     @classmethod
     def _not_blank(cls, value: str | None) -> str | None:

@@ -11,7 +11,7 @@ unless `train.allow_changes` names it (or a section above it, such as `data`):
 - the global batch: `data.batch_size`. The input position of a resumed run is its step × the global
   batch, and train.steps_per_epoch (by default) and the learning-rate schedule's length are counted in
   such steps, so with another batch size the interrupted data epoch would continue at another example;
-- the model: `model.keras`, what builds it (`model.architecture` and its section's shape keys, or
+- the model: `model.framework` when it is jax (a JAX checkpoint holds its weights by Keras 3 path), `model.keras`, what builds it (`model.architecture` and its section's shape keys, or
   `model.fn`, or `model.application`), `model.optimizer.name` (its slots are in the checkpoint);
 - the task and its width: `train.task`, `train.num_classes`.
 
@@ -43,7 +43,7 @@ IDENTITY_KEYS: tuple[str, ...] = (
     "data.mixture.sources",
     "data.sequence.keys", "data.sequence.length", "data.sequence.mode",
     "data.batch_size",
-    "model.keras", "model.architecture", "model.fn", "model.application",
+    "model.framework", "model.keras", "model.architecture", "model.fn", "model.application",
     *(f"model.{name}.{key}" for name, keys in _ARCHITECTURE_KEYS.items() for key in keys),
     "model.optimizer.name",
     "train.task", "train.num_classes",
@@ -95,6 +95,8 @@ def run_identity(config: Any) -> dict[str, Any]:
         identity[f"data.sequence.{key}"] = None if sequence is None else getattr(sequence, key)
     identity["data.batch_size"] = data.batch_size
     model = config.model
+    if model.framework == "jax":  # absent on TensorFlow, as in every run directory started before JAX
+        identity["model.framework"] = model.framework
     identity["model.keras"] = model.keras
     if model.fn is not None:
         identity["model.fn"] = model.fn

@@ -14,6 +14,7 @@ from tpu_pipeline.config.base import StrictModel, validate
 from tpu_pipeline.errors import ConfigError
 
 KerasName = Literal["tf_keras", "keras3"]
+Framework = Literal["tensorflow", "jax"]
 Precision = Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"]
 Fraction = pydantic.confloat(ge=0.0, lt=1.0)
 
@@ -153,6 +154,12 @@ class ScheduleConfig(StrictModel):
 class ModelConfig(StrictModel):
     """Everything `tpu_pipeline.model.build_model` needs besides the strategy and the input spec."""
 
+    framework: Optional[Framework] = pydantic.Field(
+        None, description="what runs the model: tensorflow (tf.distribute: TPUStrategy, MirroredStrategy, ...) or jax "
+        "(Keras 3 on JAX with keras.distribution: how Keras runs current TPUs; needs the jax extra). None: jax when "
+        "KERAS_BACKEND=jax, else tensorflow; a config and KERAS_BACKEND that disagree are refused. The input "
+        "pipelines are TensorFlow's either way",
+    )
     keras: KerasName = pydantic.Field(
         "tf_keras",
         description="tf_keras works with TPUStrategy and steps_per_execution under MirroredStrategy; "
@@ -201,6 +208,16 @@ class ModelConfig(StrictModel):
                 raise ConfigError("model.name and model.architecture are the same key; keep one")
             data = {("architecture" if key == "name" else key): value for key, value in data.items()}
         return data
+
+    @pydantic.model_validator(mode="after")
+    def _check_framework(self) -> "ModelConfig":
+        if self.framework == "jax" and self.keras == "tf_keras":
+            if "keras" in self.model_fields_set:
+                raise ConfigError("model.keras: tf_keras has no JAX backend, but model.framework is jax; "
+                                  "remove model.keras (JAX runs Keras 3) or set model.framework: tensorflow")
+            # Keras 3 is the only Keras on JAX: `framework: jax` alone says it (validate_assignment is off here).
+            object.__setattr__(self, "keras", "keras3")
+        return self
 
     @pydantic.model_validator(mode="after")
     def _check_model_source(self) -> "ModelConfig":

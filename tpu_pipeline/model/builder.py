@@ -14,7 +14,7 @@ from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model.architectures import build_network
 from tpu_pipeline.model.user_models import ModelFn
-from tpu_pipeline.model.keras_backend import get_keras, global_policy, is_keras3
+from tpu_pipeline.model.keras_backend import choose_framework, get_keras, global_policy, is_keras3, use_framework
 from tpu_pipeline.model.optimizers import build_optimizer
 from tpu_pipeline.model.precision import check_kind, resolve_precision
 from tpu_pipeline.model.schedules import build_schedule
@@ -44,7 +44,7 @@ def resolve_steps_per_execution(config: ModelConfig, kind: str, num_replicas: in
             logger.warning("model.steps_per_execution=%d exceeds steps_per_epoch=%d; using %d",
                            value, steps_per_epoch, steps_per_epoch)
         value = max(1, steps_per_epoch)
-    if config.keras == "keras3" and value > 1 and (num_replicas > 1 or kind == "tpu"):
+    if config.keras == "keras3" and config.framework != "jax" and value > 1 and (num_replicas > 1 or kind == "tpu"):
         if explicit:
             raise ConfigError(
                 f"model.steps_per_execution: {value} with model.keras=keras3 and {num_replicas} replicas "
@@ -96,11 +96,13 @@ def build_model(
       A compiled `tf_keras.Model` (a `keras.Model` when config.keras is 'keras3').
     """
     task = task_named(task)
-    keras = get_keras(config.keras)
+    config = choose_framework(config)
+    use_framework(config.framework)
+    keras = get_keras(config.keras, config.framework)
     precision = resolve_precision(config.precision, kind)
     num_replicas = strategy.num_replicas_in_sync
     steps_per_execution = resolve_steps_per_execution(config, kind, num_replicas, steps_per_epoch)
-    if is_keras3(keras) and kind == "tpu":
+    if is_keras3(keras) and kind == "tpu" and config.framework != "jax":
         logger.warning("model.keras=keras3 under TPUStrategy has open Keras issues; tf_keras is the tested path")
     if config.batch_norm.synchronized and num_replicas == 1 and config.architecture != "mlp":
         logger.info("model.batch_norm.synchronized with 1 replica is the same as plain batch norm")

@@ -3,22 +3,57 @@
 tf_keras (Keras 2) is the Keras that works with TPUStrategy and with steps_per_execution > 1 under
 a multi-replica MirroredStrategy; Keras 3.15 fails in fit there (measured; see the design notes).
 Everything in `tpu_pipeline.model` gets its Keras module from `get_keras`, so the two never mix.
+
+The framework (`model.framework`) is decided here too, from the config and KERAS_BACKEND
+(`config.framework.choose_framework`): Keras 3 reads that variable once, at its first import, so the choice must be
+made, and the variable set, before anything imports `keras` (`use_framework`).
 """
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import sys
 from types import ModuleType
-from typing import Iterator
+from typing import Iterator, Optional
 
 import tf_keras
 
+from tpu_pipeline.config.framework import BACKEND_VARIABLE, choose_framework
 from tpu_pipeline.errors import ConfigError
 
-__all__ = ["tf_keras", "get_keras", "is_keras3", "global_policy"]
+__all__ = ["tf_keras", "get_keras", "is_keras3", "global_policy", "choose_framework", "use_framework"]
+
+def use_framework(framework: str) -> None:
+    """Makes Keras 3 run on `framework`'s backend (jax: KERAS_BACKEND=jax), before anything of ours uses it.
+
+    `import tensorflow` already imports Keras 3 with the backend KERAS_BACKEND named then (TensorFlow when
+    unset), so a `model.framework: jax` that came from the config switches it with Keras's own
+    `keras.config.set_backend`, which re-imports Keras: Keras objects made before (in a notebook) belong to
+    the old one.
+    """
+    if framework != "jax":
+        return
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        raise ConfigError("model.framework: jax needs JAX: pip install -e \".[jax]\" (on a TPU VM add \"jax[tpu]\"; "
+                          "docs/training.md, 'Which backend')") from None
+    os.environ[BACKEND_VARIABLE] = "jax"
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return
+    import keras
+
+    if keras.backend.backend() != "jax":
+        logging.getLogger(__name__).info("model.framework jax: Keras 3 was imported with the %s backend; switching it "
+                                         "to jax (keras.config.set_backend)", keras.backend.backend())
+        keras.config.set_backend("jax")
 
 
-def get_keras(name: str = "tf_keras") -> ModuleType:
-    """Returns the Keras module named by `model.keras` ('tf_keras' or 'keras3')."""
+def get_keras(name: str = "tf_keras", framework: Optional[str] = None) -> ModuleType:
+    """Returns the Keras module named by `model.keras` ('tf_keras' or 'keras3'), on `framework`'s backend
+    (None: tensorflow unless KERAS_BACKEND says jax)."""
     if name == "tf_keras":
         return tf_keras
     if name != "keras3":
@@ -31,6 +66,13 @@ def get_keras(name: str = "tf_keras") -> ModuleType:
         raise ConfigError(
             f"model.keras: 'keras3' found keras {keras.__version__}, not 3.x; install keras>=3 or use tf_keras"
         )
+    if framework is None:
+        framework = "jax" if keras.backend.backend() == "jax" else "tensorflow"
+    if framework == "jax":
+        if keras.backend.backend() != "jax":
+            raise ConfigError(f"model.framework is jax, but Keras 3 was imported with the {keras.backend.backend()} "
+                              f"backend; set {BACKEND_VARIABLE}=jax before Python starts")
+        return keras
     if keras.backend.backend() != "tensorflow":
         raise ConfigError(
             f"model.keras: 'keras3' runs under tf.distribute only with the TensorFlow backend, but "

@@ -62,6 +62,34 @@ class StepClock:
         self._previous = (step, real, slots, wait)
 
 
+class StepTracker(tf_keras.callbacks.Callback):
+    """The global step at each batch's end, counted, for a model whose variables cannot be read mid-fit.
+
+    Keras 3's JAX trainer keeps the state apart from the model's variables during an epoch (it
+    detaches them), so `optimizer.iterations` says the step only at the fit's start; reading it at
+    every batch would mean re-attaching the whole state at every step. Put first in the callbacks, so
+    the others read `step` after it was counted.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = 0
+        self._epoch_base = 0
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        self.step = self._epoch_base = int(self.model.optimizer.iterations.numpy())
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+        self._epoch_base = self.step
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        self.step = self._epoch_base + batch + 1
+
+
+def _step_of(callback: Any, steps: Optional[StepTracker]) -> int:
+    return steps.step if steps is not None else int(callback.model.optimizer.iterations.numpy())
+
+
 class ProgressLogger(tf_keras.callbacks.Callback):
     """Every `every` steps: step, metrics, examples/s (token data: tokens/s and non-padding) and the
     share of step time spent waiting for input; one line per epoch; the run's totals for metrics.json.
@@ -76,8 +104,10 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     def __init__(self, global_batch_size: int, every: int, meter: Optional[InputWaitMeter] = None,
                  total_steps: Optional[int] = None, printer: Callable[[str], None] = print,
                  epochs_total: Optional[int] = None, tokens: Optional[Any] = None,
-                 task: Optional[Task] = None, sources: Optional[Any] = None, mixture: Optional[Any] = None) -> None:
+                 task: Optional[Task] = None, sources: Optional[Any] = None, mixture: Optional[Any] = None,
+                 steps: Optional[StepTracker] = None) -> None:
         super().__init__()
+        self.tracker = steps
         self.sources = sources  # a SourceMeter on a mixture's training pipeline, and its config: shares per epoch
         self.mixture = mixture
         self._sources_mark = sources.totals() if sources is not None else None
@@ -94,7 +124,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         self._epoch_mark = self.clock.snapshot()
 
     def _step(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        return _step_of(self, self.tracker)
 
     def _since(self, mark: tuple[float, int, int, int, float]) -> str:
         """The rate and input wait of the timed steps since `mark` (a clock snapshot)."""
@@ -198,8 +228,9 @@ class Checkpointer(tf_keras.callbacks.Callback):
     def __init__(self, files: RunFiles, state: "TrainState", steps_per_epoch: int,
                  every_steps: Optional[int] = None, every_seconds: Optional[float] = None,
                  preemption: Optional[PreemptionFlag] = None, printer: Callable[[str], None] = print,
-                 before_save: Optional[Callable[[int], None]] = None) -> None:
+                 before_save: Optional[Callable[[int], None]] = None, steps: Optional[StepTracker] = None) -> None:
         super().__init__()
+        self.tracker = steps
         self.before_save = before_save  # called with the step before each save (a windowed input's position)
         self.files = files
         self.steps_per_epoch = steps_per_epoch
@@ -214,7 +245,7 @@ class Checkpointer(tf_keras.callbacks.Callback):
         self._train_logs: dict[str, Any] = {}  # the last training step's logs: an epoch's figures at its end
 
     def _step(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        return _step_of(self, self.tracker)
 
     def save(self, why: str) -> str:
         step = self._step()

@@ -19,13 +19,16 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_pipeline.cluster import ClusterInfo, resolve
-from tpu_pipeline.cluster.coordination import CoordinationService
+from tpu_pipeline.cluster.coordination import store_for
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.config.framework import choose_framework
 from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabulary
-from tpu_pipeline.model import build_model, tf_keras
+from tpu_pipeline.model import build_model, get_keras, tf_keras
+from tpu_pipeline.model.checkpointed import CheckpointedModel
+from tpu_pipeline.model.keras_backend import use_framework
 from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline.builder import Pipeline
@@ -37,7 +40,7 @@ from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_
 from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
-from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, TrainState
+from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, StepTracker, TrainState
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
@@ -118,7 +121,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     the strategy's scope and compiled here; it replaces config.model's network."""
     if config.data is None:
         raise ConfigError("the config has no 'data' section: training needs one (and usually eval_data)")
-    cluster = cluster or resolve(config.cluster)
+    config, cluster = _framework_and_cluster(config, cluster)
     if not cluster.is_chief:
         printer = _worker_printer(printer, cluster.worker_id)
     printer(cluster.describe())
@@ -126,14 +129,15 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     if saves.note:
         printer(saves.note)
     if config.train.seed is not None:
-        tf_keras.utils.set_random_seed(config.train.seed)
+        (get_keras(config.model.keras, "jax") if cluster.framework == "jax" else tf_keras).utils.set_random_seed(
+            config.train.seed)
     run_dir = config.train.run_dir
     tf.io.gfile.makedirs(run_dir)
     # Before any work: a run directory resumes only the data, model and task it was started with.
     for line in started_with.check_resume(config, tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
         printer(line)
     run_key = f"run{next(_RUN_KEYS)}"
-    store = CoordinationService() if cluster.num_workers > 1 else None
+    store = store_for(cluster.framework) if cluster.num_workers > 1 else None
 
     train_data = _training_data(config)
     target = "tpu" if cluster.kind == "tpu" else "cpu"
@@ -194,7 +198,8 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     model = _model_for(config, cluster, train_pipeline, input_shape, steps, model_fn)
     state = TrainState(task_named(config.train.task))
     started_with_now = started_with.variable(config)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=state.epoch, history=state.history_json,
+    held = CheckpointedModel(model)  # a JAX model's weights go in as tf.Variable copies (model.checkpointed)
+    checkpoint = tf.train.Checkpoint(**held.parts, epoch=state.epoch, history=state.history_json,
                                      **{started_with.STARTED_WITH_KEY: started_with_now},
                                      **({POSITION_KEY: position} if position is not None else {}),
                                      **({MIXTURE_KEY: mixture_state} if mixture_state is not None else {}))
@@ -213,6 +218,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                 f"train.run_dir={run_dir}: {latest} does not fit this config's model ({tf_message(error, limit=200)}); "
                 "a change train.allow_changes accepts must keep the weights' shapes: start a new train.run_dir"
             ) from None
+        held.after_restore()
         started_with_now.assign(json.dumps(started_with.record(config)))  # an accepted change is what goes on
         resumed_from = int(model.optimizer.iterations.numpy())
         finished = read_metrics(run_dir) if resumed_from >= total_steps else None
@@ -250,19 +256,25 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             if position is not None:
                 position.pipeline_of = mixture_state.pipeline
 
+    tracker = StepTracker() if held.on_jax else None  # JAX: the step is counted, not read mid-fit
     progress = ProgressLogger(config.data.batch_size, config.train.log_every_steps, meter, total_steps, printer, epochs,
-                              tokens=tokens, task=state.task, sources=by_source, mixture=train_data.mixture)
+                              tokens=tokens, task=state.task, sources=by_source, mixture=train_data.mixture,
+                              steps=tracker)
     agreement = StopAgreement(store, cluster.worker_id, cluster.num_workers, run_key) if store is not None else None
     # A training input that answers no request (stuck, or endlessly empty) ends the run with a line (train.stall).
     watch = StallWatch(meter, config.train.input_stall_seconds, train_pipeline, printer,
                        lambda: kept_line(files.latest_checkpoint))
     with PreemptionFlag(agreement) as preemption, watch:
+        def before_save(step: int) -> None:
+            held.before_save()
+            if position is not None:
+                position.record(step)
+
         checkpointer = TimedCheckpointer(files, state, steps, plan=saves, preemption=preemption, printer=printer,
-                                         before_save=position.record if position is not None else None)
-        callbacks: list[Any] = [progress, checkpointer]
+                                         before_save=before_save, steps=tracker)
+        callbacks: list[Any] = [*([tracker] if tracker is not None else []), progress, checkpointer]
         if config.train.tensorboard:
-            profile = tuple(config.train.profile_steps) if config.train.profile_steps else 0
-            callbacks.append(tf_keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), profile_batch=profile))
+            callbacks.append(_tensorboard(config, cluster, os.path.join(run_dir, "tensorboard"), printer))
         started = time.perf_counter()
         step = resumed_from
         if step < total_steps:
@@ -373,6 +385,31 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     return metrics
 
 
+def _framework_and_cluster(config: Config, cluster: Optional[ClusterInfo]) -> tuple[Config, ClusterInfo]:
+    """The config with model.framework decided (config, else KERAS_BACKEND), Keras set to it, and the cluster
+    of that framework: a tf.distribute strategy, or a keras.distribution over JAX's devices."""
+    model = choose_framework(config.model)
+    if model is not config.model:
+        config = config.model_copy(update={"model": model})
+    use_framework(model.framework)
+    cluster = cluster or resolve(config.cluster, framework=model.framework)
+    if cluster.framework != model.framework:
+        raise ConfigError(f"model.framework is {model.framework}, but the cluster passed in was resolved for "
+                          f"{cluster.framework}; resolve it with framework={model.framework!r} or leave it out")
+    return config, cluster
+
+
+def _tensorboard(config: Config, cluster: ClusterInfo, log_dir: str, printer: Printer) -> Any:
+    """Keras's TensorBoard callback of the model's Keras; the profiler only on TensorFlow (JAX has its own)."""
+    profile = tuple(config.train.profile_steps) if config.train.profile_steps else 0
+    if cluster.framework != "jax":
+        return tf_keras.callbacks.TensorBoard(log_dir, profile_batch=profile)
+    if profile:
+        printer("train.profile_steps: TensorBoard's profiler traces TensorFlow steps; on JAX it is left off "
+                "(use jax.profiler)")
+    return get_keras(config.model.keras, "jax").callbacks.TensorBoard(log_dir)
+
+
 def _model_for(config: Config, cluster: ClusterInfo, pipeline: Pipeline, input_shape: Any, steps_per_epoch: int,
                model_fn: Optional[Callable[..., Any]]) -> Any:
     """The compiled model of this config for this pipeline's inputs: what `train` trains and `load_model` restores."""
@@ -390,7 +427,7 @@ def load_model(config: Config, *, cluster: Optional[ClusterInfo] = None,
     (to evaluate it, sample from it or export it); a ConfigError when the run has no checkpoint yet."""
     if config.data is None:
         raise ConfigError("the config has no 'data' section: the model's inputs are read from it")
-    cluster = cluster or resolve(config.cluster)
+    config, cluster = _framework_and_cluster(config, cluster)
     pipeline = Pipeline.from_config(_training_data(config), target="tpu" if cluster.kind == "tpu" else "cpu",
                                     num_classes=config.train.num_classes)
     model = _model_for(config, cluster, pipeline, element_shape(pipeline, config.train.task),
@@ -398,7 +435,9 @@ def load_model(config: Config, *, cluster: Optional[ClusterInfo] = None,
     latest = tf.train.latest_checkpoint(os.path.join(config.train.run_dir, "checkpoints"))
     if latest is None:
         raise ConfigError(f"train.run_dir={config.train.run_dir!r} has no checkpoint yet; run tpu-pipeline train first")
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial()  # the weights; not the optimizer or data
+    held = CheckpointedModel(model, with_optimizer=False)
+    tf.train.Checkpoint(**held.parts).restore(latest).expect_partial()  # the weights; not the optimizer or data
+    held.after_restore()
     return model
 
 

@@ -51,10 +51,17 @@ def check_resume(config: Config, latest: Optional[str]) -> list[str]:
     if saved is None:
         return []
     changed = differences(saved["identity"], run_identity(config))
+    run_dir = config.train.run_dir
+    framework = [change for change in changed if change[0] == "model.framework"]
+    if framework:  # the weights are saved by another Keras's names: no allow_changes can carry them over
+        was = framework[0][1] or "tensorflow"
+        raise ConfigError(
+            f"train.run_dir={run_dir} holds a run trained on {was} (checkpoint {latest}), and this one runs on "
+            f"{framework[0][2] or 'tensorflow'}; resume it on {was} (" + ("KERAS_BACKEND=jax or model.framework: jax"
+            if was == "jax" else "unset KERAS_BACKEND and model.framework") + "), or start a new train.run_dir")
     allowed = config.train.allow_changes
     refused = [change for change in changed if not accepts(allowed, change[0])]
     said = lambda changes: ", ".join(f"{key} {show(old)} -> {show(new)}" for key, old, new in changes)  # noqa: E731
-    run_dir = config.train.run_dir
     if refused:
         keys = ",".join(key for key, _, _ in refused)
         raise ConfigError(

@@ -1,0 +1,103 @@
+"""The model and optimizer as parts of the run's `tf.train.Checkpoint`, whatever Keras runs them.
+
+A run's checkpoint is one `tf.train.Checkpoint`: the model, the optimizer, the input position, a
+mixture's weights, the history and what the run was started with, written together and indexed
+once, so a resume never pairs weights with another step's input position. tf_keras models, and
+Keras 3 models on the TensorFlow backend, are TensorFlow trackables and go in as they are.
+
+A Keras 3 model on JAX is not: its variables hold `jax.Array`s. `KerasVariables` mirrors them in
+tf.Variables (one per Keras variable, named by its path), copied from the device before each save
+and back after a restore. Orbax would write a second checkpoint beside ours, whose step would then
+have to be matched to the input position's; the mirror keeps one atomic checkpoint, the same
+rotation, the same SIGTERM save and the same resume checks on both frameworks. The price is a host
+copy of the weights per save, which a save pays anyway. The mirror reads each array's local copy, so
+it serves data parallelism (replicated weights), not weights sharded over devices.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+import numpy as np
+import tensorflow as tf
+
+
+def _on_jax(model: Any) -> bool:
+    return hasattr(model, "jax_state_sync")
+
+
+class KerasVariables(tf.Module):
+    """Keras 3 variables (JAX) as tf.Variables of the same names, shapes and dtypes, for tf.train.Checkpoint."""
+
+    def __init__(self, variables: Iterable[Any], name: str) -> None:
+        super().__init__(name=name)
+        self._keras = list(variables)
+        keys = _unique_keys(self._keras)
+        with tf.init_scope():
+            self.values = {key: tf.Variable(_host_value(variable), trainable=False, name=key)
+                           for key, variable in zip(keys, self._keras)}
+        self._mirrors = [self.values[key] for key in keys]
+
+    def pull(self) -> None:
+        """Device → mirror: what the next save writes."""
+        for variable, mirror in zip(self._keras, self._mirrors):
+            mirror.assign(_host_value(variable))
+
+    def push(self) -> None:
+        """Mirror → device: after a restore."""
+        for variable, mirror in zip(self._keras, self._mirrors):
+            variable.assign(mirror.numpy())
+
+
+def _unique_keys(variables: list[Any]) -> list[str]:
+    """Each variable's path as a checkpoint name; a path met twice gets its index."""
+    keys, seen = [], set()
+    for index, variable in enumerate(variables):
+        key = re.sub(r"[^A-Za-z0-9_.-]", ".", str(getattr(variable, "path", None) or variable.name))
+        if key in seen:
+            key = f"{key}.{index}"
+        seen.add(key)
+        keys.append(key)
+    return keys
+
+
+def _host_value(variable: Any) -> np.ndarray:
+    """A variable's value on the host: the local copy of a replicated array (every process holds one)."""
+    value = variable.value
+    shards = getattr(value, "addressable_shards", None)
+    if shards is not None and not getattr(value, "is_fully_addressable", True):
+        if not value.sharding.is_fully_replicated:
+            raise ValueError(f"{variable.path}: a weight sharded over several processes cannot be mirrored for the "
+                             "checkpoint (data parallelism replicates every weight)")
+        return np.asarray(shards[0].data)
+    return np.asarray(value)
+
+
+class CheckpointedModel:
+    """The model's and optimizer's parts of the run's checkpoint, and the copies a JAX model needs
+    around a save (`before_save`) and a restore (`after_restore`)."""
+
+    def __init__(self, model: Any, with_optimizer: bool = True) -> None:
+        self.model = model
+        self.on_jax = _on_jax(model)
+        if not self.on_jax:
+            self.parts = {"model": model, **({"optimizer": model.optimizer} if with_optimizer else {})}
+            self._mirrors: list[KerasVariables] = []
+            return
+        self._mirrors = [KerasVariables(model.weights, "model")]  # not the metrics' running sums
+        if with_optimizer:
+            optimizer = model.optimizer
+            if not optimizer.built:  # its slots exist only after the first step otherwise
+                optimizer.build(model.trainable_variables)
+            self._mirrors.append(KerasVariables(optimizer.variables, "optimizer"))
+        self.parts = dict(zip(("model", "optimizer"), self._mirrors))
+
+    def before_save(self) -> None:
+        if self.on_jax:
+            self.model.jax_state_sync()  # mid-fit, JAX's trainer holds the state apart from the variables
+            for mirror in self._mirrors:
+                mirror.pull()
+
+    def after_restore(self) -> None:
+        for mirror in self._mirrors:
+            mirror.push()
