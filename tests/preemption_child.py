@@ -94,20 +94,27 @@ def jax_logging_model(build_model, out_dir: str, language_model: bool):
         model = build_model(*args, **kwargs)
         train_step = model.train_step
         devices = len(jax.devices())
+        global_rows = [0]
 
         def log(step, *ids):
-            step = int(np.asarray(step))
+            # The callback is given the global batch (with several processes, on one of them, gathered from
+            # all): device d holds its d-th slice. Were it given a process's own rows, they would be its devices'.
+            step, ids = int(np.asarray(step)), [np.asarray(x) for x in ids]
             event(out_dir, f"train {step}")
-            for device in range(devices):
-                part = [np.split(np.asarray(x), devices)[device] for x in ids]
+            local = len(jax.local_devices())
+            whole = len(ids[0]) == global_rows[0]
+            first, count = (0, devices) if whole else (jax.process_index() * local, local)
+            for device in range(first, first + count):
+                part = [np.split(x, count)[device - first] for x in ids]
                 log_line(out_dir, step, device, document_ids(*part) if language_model else part[0])
-            time.sleep(0.02 * devices)  # room for the parent to kill at a chosen step
+            time.sleep(0.02 * local)  # room for the parent to kill at a chosen step
             return None
 
         def step_with_log(state, data):
             optimizer_variables = state[2]
             at = [v.path for v in model.optimizer.variables].index(model.optimizer.iterations.path)
             logged = [data[0]["inputs"], data[0]["inputs_segment_ids"]] if language_model else [data[1]]
+            global_rows[0] = logged[0].shape[0]  # traced: the global batch's rows
             jax.debug.callback(log, optimizer_variables[at], *logged)
             return train_step(state, data)
 

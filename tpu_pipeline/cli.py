@@ -52,12 +52,13 @@ def _usage() -> str:
 
 
 class _OthersInfoFilter(logging.Filter):
-    """Drops INFO lines that TensorFlow and Keras log through absl (e.g. "Sharding callback duration"
-    at every checkpoint); ours and every warning stay. `--verbosity` keeps them all."""
+    """Drops INFO lines that TensorFlow, Keras and JAX log through absl (e.g. "Sharding callback duration"
+    at every checkpoint, JAX's "Unable to initialize backend 'tpu'" off a TPU); ours and every warning
+    stay. `--verbosity` keeps them all."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         path = record.pathname.replace(os.sep, "/")
-        return record.levelno >= logging.WARNING or not any(p in path for p in ("/tensorflow/", "/tf_keras/", "/keras/"))
+        return record.levelno >= logging.WARNING or not any(p in path for p in ("/tensorflow/", "/tf_keras/", "/keras/", "/jax/", "/jaxlib/"))
 
 
 def _command_help(name: str, full: bool = False) -> str:

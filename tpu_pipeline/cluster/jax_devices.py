@@ -87,9 +87,14 @@ def resolve_jax(config: Optional[ClusterConfig] = None, *, env: Mapping[str, str
 
     config = config or ClusterConfig()
     _set_cpu_devices(config)
+    os.environ.setdefault("KERAS_BACKEND", "jax")
     import jax
+    import keras
 
-    source = _start_processes(config, env, jax)
+    if keras.backend.backend() != "jax":
+        raise ClusterError(f"model.framework is jax, but this process imported Keras 3 with the "
+                           f"{keras.backend.backend()} backend first; set KERAS_BACKEND=jax before Python starts")
+    source = _start_processes(config, env, jax, keras)
     platform = jax.default_backend()
     wanted = {"auto": None, "tpu": "tpu", "gpu": "gpu", "cpu": "cpu", "multi_worker": None}[config.accelerator]
     if wanted is not None and platform != wanted:
@@ -99,12 +104,6 @@ def resolve_jax(config: Optional[ClusterConfig] = None, *, env: Mapping[str, str
         raise ClusterError(
             f"cluster.cpu_replicas={config.cpu_replicas}, but JAX already started with {len(jax.local_devices())} CPU "
             f"device(s) (set before any JAX computation, or XLA_FLAGS={_DEVICE_COUNT_FLAG}={config.cpu_replicas})")
-    os.environ.setdefault("KERAS_BACKEND", "jax")
-    import keras
-
-    if keras.backend.backend() != "jax":
-        raise ClusterError(f"model.framework is jax, but this process imported Keras 3 with the "
-                           f"{keras.backend.backend()} backend first; set KERAS_BACKEND=jax before Python starts")
     devices = jax.devices()
     distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     keras.distribution.set_distribution(distribution)
@@ -131,7 +130,7 @@ def _set_cpu_devices(config: ClusterConfig) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_COUNT_FLAG}={config.cpu_replicas}".strip()
 
 
-def _start_processes(config: ClusterConfig, env: Mapping[str, str], jax: Any) -> str:
+def _start_processes(config: ClusterConfig, env: Mapping[str, str], jax: Any, keras: Any) -> str:
     """Starts `jax.distributed` when this is one of several processes; where that came from, for the log."""
     if jax.distributed.is_initialized():
         return "jax.distributed (already started)"
@@ -143,16 +142,16 @@ def _start_processes(config: ClusterConfig, env: Mapping[str, str], jax: Any) ->
                                f"{', '.join(missing)} too")
         if explicit["num_processes"] == 1:
             return "cluster.num_processes=1"
-        _initialize(jax, **explicit)
+        _initialize(keras, **explicit)
         return f"jax.distributed, coordinator {explicit['coordinator_address']}"
     if env.get("JAX_COORDINATOR_ADDRESS"):
-        _initialize(jax, coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
+        _initialize(keras, coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
                     num_processes=_int_env(env, "JAX_NUM_PROCESSES"), process_id=_int_env(env, "JAX_PROCESS_ID"))
         return f"jax.distributed, JAX_COORDINATOR_ADDRESS={env['JAX_COORDINATOR_ADDRESS']}"
     if len([host for host in re.split(r"[,\s]+", env.get(_TPU_HOSTS_VARIABLE, "")) if host]) > 1:
-        _initialize(jax)  # a multi-host TPU slice: JAX reads the coordinator from the TPU environment
+        _initialize(keras)  # a multi-host TPU slice: JAX reads the coordinator from the TPU environment
         return f"jax.distributed, the TPU slice's {_TPU_HOSTS_VARIABLE}"
-    return "one process"
+    return "one JAX process"
 
 
 def _int_env(env: Mapping[str, str], name: str) -> Optional[int]:
@@ -165,9 +164,12 @@ def _int_env(env: Mapping[str, str], name: str) -> Optional[int]:
         raise ClusterError(f"{name}={value!r} is not a number") from None
 
 
-def _initialize(jax: Any, **arguments: Any) -> None:
+def _initialize(keras: Any, coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
+                process_id: Optional[int] = None) -> None:
+    """Keras's own start of the processes: `jax.distributed.initialize`, then one random seed agreed by all
+    (without it each process would initialize the weights differently, and JAX refuses to place them)."""
     try:
-        jax.distributed.initialize(**{key: value for key, value in arguments.items() if value is not None})
+        keras.distribution.initialize(coordinator_address, num_processes, process_id)
     except (RuntimeError, ValueError) as error:
         raise ClusterError(f"jax.distributed.initialize failed ({str(error).splitlines()[0][:300]}); check "
                            "cluster.coordinator_address (host:port of process 0, reachable from every process), "

@@ -1,6 +1,7 @@
 """Helpers shared by the subcommands: config loading with the demo data wired in."""
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 from absl import flags
@@ -59,6 +60,10 @@ def _check_accelerator(raw: dict[str, Any]) -> None:
     from tpu_pipeline.cluster.resolver import check_tpu_stack
     from tpu_pipeline.config.cluster import ClusterConfig
 
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    variable = os.environ.get("KERAS_BACKEND", "").strip().lower()
+    if model.get("framework", "jax" if variable == "jax" else None) == "jax":
+        return  # JAX drives the TPU (jax[tpu]); TensorFlow only makes the input, on the host's CPU
     try:
         cluster = ClusterConfig.model_validate(raw.get("cluster") or {})
     except ValidationError:

@@ -121,7 +121,8 @@ def build_model(
         model.distribute_reduction_method = "first"
     logger.info(
         "model %s: %d parameters, %s, precision %s, steps_per_execution %d, %d replica(s) (%s)",
-        model.name, model.count_params(), keras.__name__, precision, steps_per_execution,
+        model.name, model.count_params(), "Keras 3 on JAX" if config.framework == "jax" else keras.__name__,
+        precision, steps_per_execution,
         num_replicas, kind,
     )
     return model

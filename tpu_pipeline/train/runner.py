@@ -295,6 +295,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                     train_dataset(step), epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
                     validation_data=eval_dataset, validation_steps=validation_steps,
                     validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
+                    shuffle=False,  # the pipeline shuffles (Keras 3 warns that it ignores True for a dataset)
                 )
             except PreemptionStop:
                 # Saved; `fit` was left before its epoch-end validation and callbacks. TensorBoard's

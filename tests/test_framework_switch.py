@@ -1,0 +1,61 @@
+"""model.framework and KERAS_BACKEND: one switch, and a config and a variable that disagree are refused in one line."""
+from __future__ import annotations
+
+import pytest
+
+from tpu_pipeline.config.framework import choose_framework
+from tpu_pipeline.config.model import ModelConfig
+from tpu_pipeline.errors import ClusterError, ConfigError
+
+
+@pytest.mark.parametrize("section, env, framework, keras", [
+    ({}, {}, "tensorflow", "tf_keras"),
+    ({}, {"KERAS_BACKEND": "tensorflow"}, "tensorflow", "tf_keras"),
+    ({}, {"KERAS_BACKEND": "jax"}, "jax", "keras3"),
+    ({}, {"KERAS_BACKEND": " JAX "}, "jax", "keras3"),
+    ({"framework": "jax"}, {}, "jax", "keras3"),
+    ({"framework": "jax"}, {"KERAS_BACKEND": "jax"}, "jax", "keras3"),
+    ({"keras": "keras3"}, {"KERAS_BACKEND": "jax"}, "jax", "keras3"),
+    ({"framework": "tensorflow", "keras": "keras3"}, {}, "tensorflow", "keras3"),
+])
+def test_the_config_else_keras_backend_decides(section, env, framework, keras):
+    chosen = choose_framework(ModelConfig.from_dict(section), env)
+    assert (chosen.framework, chosen.keras) == (framework, keras)
+
+
+@pytest.mark.parametrize("section, env, needle", [
+    ({"framework": "jax"}, {"KERAS_BACKEND": "tensorflow"},
+     "model.framework is jax but KERAS_BACKEND=tensorflow; make them agree"),
+    ({"framework": "tensorflow"}, {"KERAS_BACKEND": "jax"},
+     "model.framework is tensorflow but KERAS_BACKEND=jax; make them agree"),
+    ({"keras": "tf_keras"}, {"KERAS_BACKEND": "jax"}, "model.keras: tf_keras has no JAX backend, but KERAS_BACKEND=jax"),
+])
+def test_a_config_and_keras_backend_that_disagree_are_refused_in_one_line(section, env, needle):
+    with pytest.raises(ConfigError) as raised:
+        choose_framework(ModelConfig.from_dict(section), env)
+    assert needle in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_tf_keras_on_jax_is_refused_by_the_config_itself():
+    with pytest.raises(ConfigError, match="model.keras: tf_keras has no JAX backend, but model.framework is jax"):
+        ModelConfig.from_dict({"framework": "jax", "keras": "tf_keras"})
+
+
+def test_jax_process_keys_are_refused_on_the_tensorflow_path():
+    from tpu_pipeline.cluster import resolve
+    from tpu_pipeline.config.cluster import ClusterConfig
+
+    with pytest.raises(ClusterError, match="cluster.coordinator_address is for model.framework jax"):
+        resolve(ClusterConfig(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=0))
+
+
+def test_the_run_identity_names_jax_and_leaves_tensorflow_runs_as_they_were():
+    from tpu_pipeline.config import config_from_dict
+    from tpu_pipeline.config.identity import run_identity
+
+    data = {"source": {"type": "tfrecord", "files": "/data/train-*"}, "batch_size": 8,
+            "features": {"x": {"dtype": "int64"}}}
+    tf_run = run_identity(config_from_dict({"data": data}))
+    jax_run = run_identity(config_from_dict({"data": data, "model": {"framework": "jax"}}))
+    assert "model.framework" not in tf_run  # as in every run directory started before JAX
+    assert jax_run["model.framework"] == "jax" and jax_run["model.keras"] == "keras3"

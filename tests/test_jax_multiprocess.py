@@ -1,0 +1,114 @@
+"""Two real JAX processes on loopback (`jax.distributed`, one host each, 4 CPU devices each) training
+one model with one shared run_dir, as the hosts of a TPU slice do: both are killed mid-run, both start
+again, one gets SIGTERM (both stop at one agreed step), both start again and finish. Every device's
+slice of every global batch is checked against what the TF path's strategy hands the same replica:
+host h's own input pipeline (`InputContext(2, h, 8)`) feeds its 4 devices, element by element.
+
+Slow (two JAX processes per round): `pytest -m "not slow"` skips it locally; CI runs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from jax_child import requires_jax
+from test_jax_train import _env
+from test_multiworker import finish, free_ports, outputs, wait_for_step
+from test_preemption import CHILD, REPO, assert_exact_epochs, max_step, read_log, train_config
+
+pytestmark = [pytest.mark.slow, requires_jax]
+
+EPOCHS, STEPS_PER_EPOCH, NUM, HOSTS, DEVICES = 3, 8, 512, 2, 8
+
+
+def start_processes(config_path: str, out_dir: str) -> list[subprocess.Popen]:
+    """The two processes of one jax.distributed job (a fresh coordinator port: a restarted job is a new one)."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    processes = []
+    for index in range(HOSTS):
+        env = _env(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(HOSTS), JAX_PROCESS_ID=str(index),
+                   IDS_LOG=f"ids-{index}.log")
+        env.pop("XLA_FLAGS")  # cluster.cpu_replicas: 4 per process
+        processes.append(subprocess.Popen([sys.executable, CHILD, "train_jax", config_path, out_dir], cwd=REPO,
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return processes
+
+
+def tf_path_batches(config: dict, steps: int) -> dict[tuple[int, int], list[int]]:
+    """(step, replica) → label ids: replica h*4 + k takes host h's input pipeline's element step*4 + k."""
+    from tpu_pipeline.config import config_from_dict
+    from tpu_pipeline.pipeline import Pipeline
+
+    import tensorflow as tf
+
+    data = config_from_dict(config).data.model_copy(update={"repeat": "forever"})
+    pipeline, local = Pipeline.from_config(data), DEVICES // HOSTS
+    batches = {}
+    for host in range(HOSTS):
+        elements = pipeline.build(tf.distribute.InputContext(HOSTS, host, DEVICES)).take(steps * local)
+        for index, (_, labels) in enumerate(elements):
+            step, k = divmod(index, local)
+            batches[(step, host * local + k)] = [int(i) for i in labels.numpy()]
+    return batches
+
+
+def test_two_jax_processes_killed_and_terminated_resume_exactly_each_host_feeding_its_devices(tmp_path):
+    from tpu_pipeline.records.demo_shapes import ensure_demo_dataset
+
+    data_dir = ensure_demo_dataset(str(tmp_path / "data"), num_train=NUM, num_eval=64, size=16, num_shards=8)
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    config = train_config(data_dir, run_dir)
+    config["model"]["framework"] = "jax"
+    config["cluster"] = {"cpu_replicas": DEVICES // HOSTS}
+    config["train"].update(epochs=EPOCHS, checkpoint_every_steps=3)
+    config_path = str(tmp_path / "config.json")
+    json.dump(config, open(config_path, "w"))
+    steps = EPOCHS * STEPS_PER_EPOCH
+    rng = random.Random(5)
+
+    # 1. The slice is preempted hard: both processes SIGKILLed mid-run.
+    processes = start_processes(config_path, out_dir)
+    wait_for_step(processes, out_dir, rng.randint(4, 9))
+    for process in processes:
+        process.send_signal(signal.SIGKILL)
+    finish(processes, timeout=60)
+    assert not os.path.exists(os.path.join(run_dir, "metrics.json"))
+    killed_at = max_step(out_dir)
+
+    # 2. Both start again from the chief's newest checkpoint; only process 1 gets SIGTERM: both save one step, exit 143.
+    processes = start_processes(config_path, out_dir)
+    wait_for_step(processes, out_dir, killed_at + rng.randint(2, 4))
+    processes[1].send_signal(signal.SIGTERM)
+    printed = finish(processes)
+    assert [p.returncode for p in processes] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
+    assert "Keras 3 on JAX" in printed[0] and "8 replicas on 2 hosts" in printed[0], printed[0][-3000:]
+    stops = [[line for line in p.splitlines() if "stopped by SIGTERM at step" in line] for p in printed]
+    assert all(stops), "\n----\n".join(p[-3000:] for p in printed)
+    stop_steps = {int(s[0].split("at step ")[1].split()[0]) for s in stops}
+    assert len(stop_steps) == 1, stops
+    sigterm_step = stop_steps.pop()
+    assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{sigterm_step}.index"))
+
+    # 3. Both start again and finish.
+    processes = start_processes(config_path, out_dir)
+    printed = finish(processes)
+    assert [p.returncode for p in processes] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
+    assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{sigterm_step}')}: step {sigterm_step}" in printed[0]
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["resumed_from_step"] == sigterm_step and metrics["steps"] == steps
+    assert metrics["history"]["epoch"] == list(range(1, EPOCHS + 1)), metrics["history"]
+    assert metrics["cluster"] == {"kind": "cpu", "replicas": DEVICES, "hosts": HOSTS}
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "metrics.json"]  # no process's temporary files left
+
+    log = read_log(out_dir)
+    assert sorted({step for step, _ in log}) == list(range(steps))
+    assert log == tf_path_batches(config, steps)
+    assert_exact_epochs([[i for step in range(steps) for device in range(DEVICES) for i in log[(step, device)]]],
+                        NUM, NUM)
