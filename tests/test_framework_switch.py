@@ -59,3 +59,16 @@ def test_the_run_identity_names_jax_and_leaves_tensorflow_runs_as_they_were():
     jax_run = run_identity(config_from_dict({"data": data, "model": {"framework": "jax"}}))
     assert "model.framework" not in tf_run  # as in every run directory started before JAX
     assert jax_run["model.framework"] == "jax" and jax_run["model.keras"] == "keras3"
+
+
+def test_on_jax_steps_per_execution_divides_an_epoch():
+    """Keras 3.15's JAX trainer runs each execution whole: 2 per execution over 7 steps would train 8."""
+    from tpu_pipeline.model.builder import resolve_steps_per_execution
+
+    jax = ModelConfig.from_dict({"framework": "jax"})
+    assert resolve_steps_per_execution(jax, "tpu", 8, 100) == 25  # auto: 32 does not divide 100
+    assert resolve_steps_per_execution(jax, "tpu", 8, 64) == 32
+    explicit = ModelConfig.from_dict({"framework": "jax", "steps_per_execution": 2})
+    assert resolve_steps_per_execution(explicit, "cpu", 8, 8) == 2
+    with pytest.raises(ConfigError, match="model.steps_per_execution=2 does not divide train.steps_per_epoch=7"):
+        resolve_steps_per_execution(explicit, "cpu", 8, 7)

@@ -78,3 +78,34 @@ def test_jax_train_on_eight_devices_killed_and_terminated_resumes_exactly_as_the
     assert sorted({step for step, _ in log}) == list(range(steps))
     assert log == tf_path_batches(config, eight_replica_strategy, steps)
     assert_exact_epochs([[i for step in range(steps) for device in range(8) for i in log[(step, device)]]], 512, 512)
+
+
+def test_jax_train_of_a_packed_mixture_killed_and_resumed_trains_on_the_documents_of_the_tf_path(tmp_path):
+    """KERAS_BACKEND=jax alone switches the text LM config: a mixture packed into rows, rows shuffled in pools,
+    two steps per execution; killed three times, then run to the end. Each device's documents at each step are
+    those the same replica trains on, never interrupted, on the TF path."""
+    from test_mixture_train import EPOCHS, REPLICAS, mixture_config
+    from test_text_lm import uninterrupted_documents
+
+    raw = mixture_config(tmp_path)
+    raw["train"]["steps_per_epoch"] = STEPS = 8  # on JAX, steps_per_execution (2) must divide an epoch
+    out_dir = str(tmp_path / "killed")
+    os.makedirs(out_dir)
+    config_path = os.path.join(out_dir, "config.json")
+    json.dump(raw, open(config_path, "w"))
+    env = _env()
+    env.pop("XLA_FLAGS")  # cluster.cpu_replicas makes the devices
+    command = [sys.executable, CHILD, "train_lm_jax", config_path, out_dir]
+    rng = random.Random(5)
+    for kill in range(3):
+        result = interrupt(command, out_dir, max_step(out_dir) + rng.randint(2, 4), signal.SIGKILL, env=env)
+        assert result.returncode == -signal.SIGKILL, f"kill {kill}:\n{result.stdout[-3000:]}"
+    final = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    assert "resumed from" in final.stdout and "Keras 3 on JAX" in final.stdout, final.stdout[-3000:]
+    killed = read_log(out_dir)
+
+    steps = STEPS * EPOCHS
+    assert killed == uninterrupted_documents(raw, steps=steps, replicas=REPLICAS)
+    metrics = json.load(open(os.path.join(raw["train"]["run_dir"], "metrics.json")))
+    assert metrics["steps"] == steps and metrics["tokens_per_sec"] > 0 and "mixture" in metrics

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import tensorflow as tf
 
+from tpu_pipeline.cluster.info import ClusterInfo
 from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.errors import ClusterError
 
@@ -80,11 +81,9 @@ def per_host_batches(dataset: tf.data.Dataset, replicas: int) -> tf.data.Dataset
                                                             deterministic=True)
 
 
-def resolve_jax(config: Optional[ClusterConfig] = None, *, env: Mapping[str, str] = os.environ) -> Any:
+def resolve_jax(config: Optional[ClusterConfig] = None, *, env: Mapping[str, str] = os.environ) -> ClusterInfo:
     """The ClusterInfo of the JAX path: `jax.distributed` started where there are several processes,
     then a data-parallel `keras.distribution` over `jax.devices()`."""
-    from tpu_pipeline.cluster.resolver import ClusterInfo  # the TF resolver's record, shared
-
     config = config or ClusterConfig()
     _set_cpu_devices(config)
     os.environ.setdefault("KERAS_BACKEND", "jax")

@@ -22,12 +22,19 @@ from tpu_pipeline.model.user_models import ModelFn, build_application, call_mode
 InputShape = Union[Sequence[Optional[int]], Mapping[str, Sequence[Optional[int]]]]
 
 
+def _synchronized(keras: ModuleType, bn: BatchNormConfig) -> bool:
+    """batch_norm.synchronized where it means something: under tf.distribute each replica sees its own
+    slice of the batch. On JAX the batch is one global array sharded over the devices, so its
+    statistics are the global batch's already, and Keras 3 refuses the flag off TensorFlow."""
+    return bn.synchronized and keras.backend.backend() == "tensorflow"
+
+
 def _norm(keras: ModuleType, bn: BatchNormConfig, name: str, zero_init: bool = False) -> Any:
     """BatchNorm with the configured statistics; zero gamma on a residual branch's last norm."""
     return keras.layers.BatchNormalization(
         momentum=bn.momentum,
         epsilon=bn.epsilon,
-        synchronized=bn.synchronized,
+        synchronized=_synchronized(keras, bn),
         gamma_initializer="zeros" if zero_init else "ones",
         name=name,
     )

@@ -57,7 +57,23 @@ def resolve_steps_per_execution(config: ModelConfig, kind: str, num_replicas: in
             num_replicas, kind, value,
         )
         value = 1
+    if config.framework == "jax" and steps_per_epoch and value > 1 and steps_per_epoch % value:
+        value = _dividing(config, int(value), steps_per_epoch, explicit)
     return int(value)
+
+
+def _dividing(config: ModelConfig, value: int, steps_per_epoch: int, explicit: bool) -> int:
+    """On JAX, the largest count of steps per execution that divides an epoch: Keras 3.15's JAX trainer runs
+    every execution whole, so 2 per execution over a 7-step epoch trains 8 steps, past the epoch's end and
+    the step its checkpoint says (measured). A resumed epoch starts at a saved step, an execution's end."""
+    divisor = max(d for d in range(1, value + 1) if steps_per_epoch % d == 0)
+    if explicit:
+        raise ConfigError(
+            f"model.steps_per_execution={value} does not divide train.steps_per_epoch={steps_per_epoch}: on JAX each "
+            f"execution runs all its steps, so epochs would overrun; use {divisor} or a steps_per_epoch it divides")
+    logger.info("model.steps_per_execution 'auto': %d on JAX (the largest that divides the %d steps of an epoch; "
+                "%d does not)", divisor, steps_per_epoch, value)
+    return divisor
 
 
 def build_model(

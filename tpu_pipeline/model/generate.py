@@ -12,6 +12,14 @@ import numpy as np
 from tpu_pipeline.errors import ConfigError
 
 
+def _input_names(model: Any) -> set[str]:
+    """What the model takes: tf_keras's `input_names`, else (Keras 3 has none) its inputs' names."""
+    names = getattr(model, "input_names", None)
+    if not names:
+        names = [getattr(tensor, "name", None) for tensor in getattr(model, "inputs", None) or []]
+    return {name for name in names if name}
+
+
 def generate(model: Any, prompt: Sequence[int], *, length: int, new_tokens: int, temperature: float = 0.8,
              stop_id: Optional[int] = None, seed: int = 0, tokens_key: str = "inputs") -> list[int]:
     """The prompt's continuation: `new_tokens` ids sampled one at a time (greedy at temperature 0),
@@ -24,7 +32,7 @@ def generate(model: Any, prompt: Sequence[int], *, length: int, new_tokens: int,
                           "(the start of the text to continue)")
     rng = np.random.default_rng(seed)
     out: list[int] = []
-    names = {name for name in getattr(model, "input_names", [])} or {tokens_key}
+    names = _input_names(model) or {tokens_key}
     for _ in range(new_tokens):
         window = ids[-length:]
         used = len(window)

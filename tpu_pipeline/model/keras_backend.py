@@ -11,9 +11,11 @@ made, and the variable set, before anything imports `keras` (`use_framework`).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import sys
+import warnings
 from types import ModuleType
 from typing import Iterator, Optional
 
@@ -22,7 +24,9 @@ import tf_keras
 from tpu_pipeline.config.framework import BACKEND_VARIABLE, choose_framework
 from tpu_pipeline.errors import ConfigError
 
-__all__ = ["tf_keras", "get_keras", "is_keras3", "global_policy", "choose_framework", "use_framework"]
+__all__ = ["tf_keras", "get_keras", "is_keras3", "global_policy", "choose_framework", "use_framework",
+           "build_for_input"]
+
 
 def use_framework(framework: str) -> None:
     """Makes Keras 3 run on `framework`'s backend (jax: KERAS_BACKEND=jax), before anything of ours uses it.
@@ -34,21 +38,20 @@ def use_framework(framework: str) -> None:
     """
     if framework != "jax":
         return
-    try:
-        import jax  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("jax") is None:
         raise ConfigError("model.framework: jax needs JAX: pip install -e \".[jax]\" (on a TPU VM add \"jax[tpu]\"; "
-                          "docs/training.md, 'Which backend')") from None
+                          "docs/training.md, 'Which backend')")
     os.environ[BACKEND_VARIABLE] = "jax"
-    keras = sys.modules.get("keras")
-    if keras is None:
-        return
+    if "keras" not in sys.modules:
+        return  # the first import of Keras 3 reads the variable
     import keras
 
     if keras.backend.backend() != "jax":
         logging.getLogger(__name__).info("model.framework jax: Keras 3 was imported with the %s backend; switching it "
                                          "to jax (keras.config.set_backend)", keras.backend.backend())
-        keras.config.set_backend("jax")
+        with warnings.catch_warnings():  # its warning says what the docstring above says
+            warnings.simplefilter("ignore", UserWarning)
+            keras.config.set_backend("jax")
 
 
 def get_keras(name: str = "tf_keras", framework: Optional[str] = None) -> ModuleType:
@@ -98,3 +101,23 @@ def global_policy(keras: ModuleType, name: str) -> Iterator[None]:
         yield
     finally:
         keras.mixed_precision.set_global_policy(previous)
+
+
+def build_for_input(model: object, element_spec: object) -> None:
+    """Builds a Keras 3 model's compiled loss and metrics from the input's element spec, before `fit`.
+
+    Otherwise Keras 3's `fit` builds them from a first batch taken through an iterator of its own and then
+    starts the real one: the input pipeline runs that batch twice, and a windowed pipeline's position log
+    (`PositionLog`, which counts the elements taken) runs one batch ahead of the steps, so a resume would
+    repeat it. tf_keras builds lazily inside its step and needs nothing.
+    """
+    build = getattr(model, "_symbolic_build", None)
+    if build is None:
+        return
+    import keras
+    import tensorflow as tf
+
+    def symbolic(spec: object) -> object:
+        return keras.KerasTensor(tuple(spec.shape), spec.dtype.name) if isinstance(spec, tf.TensorSpec) else spec
+
+    build(data_batch=tf.nest.map_structure(symbolic, element_spec))

@@ -4,11 +4,14 @@ Keras's `weighted_metrics` divide by the sum of the weights, so with per-token w
 target token, 0 for padding and for the zero rows of an exact evaluation) every real token counts
 once and padding never. Perplexity and bits per byte are functions of the mean cross-entropy, kept
 as metrics of their own so that `fit`'s logs, the epoch line and metrics.json all carry them.
+
+Under Keras 3 they are written in `keras.ops`, so one code serves its TensorFlow and JAX backends;
+under tf_keras in the tf ops they always had.
 """
 from __future__ import annotations
 
 import math
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -27,17 +30,37 @@ def language_model_metrics(keras: ModuleType, byte_offset: Optional[int] = None)
     return metrics
 
 
+def _tf_ops() -> SimpleNamespace:
+    """The `keras.ops` below as the tf ops tf_keras ran with before Keras 3 joined (the same numbers)."""
+    return SimpleNamespace(
+        cast=tf.cast, exp=tf.exp, ones_like=tf.ones_like, broadcast_to=tf.broadcast_to, shape=tf.shape,
+        divide_no_nan=tf.math.divide_no_nan,
+        sum=lambda x, axis=None: tf.reduce_sum(x, axis=axis),
+        sparse_categorical_crossentropy=lambda target, output, from_logits=False:
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=target, logits=output),
+    )
+
+
+def _ops(keras: ModuleType) -> Any:
+    """`keras.ops` under Keras 3, tf ops under tf_keras (whose metrics take tf tensors)."""
+    return getattr(keras, "ops", None) or _tf_ops()
+
+
 def _perplexity(keras: ModuleType) -> Any:
+    ops = _ops(keras)
+
     class Perplexity(keras.metrics.SparseCategoricalCrossentropy):
         """exp(mean cross-entropy per token): the mean is taken first, as perplexity is defined."""
 
         def result(self) -> Any:
-            return tf.exp(super().result())
+            return ops.exp(super().result())
 
     return Perplexity(from_logits=True, name="perplexity")
 
 
 def _bits_per_byte(keras: ModuleType, byte_offset: int) -> Any:
+    ops = _ops(keras)
+
     class BitsPerByte(keras.metrics.Metric):
         """Bits to encode the text, per UTF-8 byte of it: the cross-entropy of every target (EOS
         included: the model must also say where a document ends) in bits, divided by the number of
@@ -49,16 +72,16 @@ def _bits_per_byte(keras: ModuleType, byte_offset: int) -> Any:
             self.bytes = self.add_weight(name="bytes", initializer="zeros", dtype="float32")
 
         def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-            targets = tf.cast(y_true, tf.int32)
-            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=tf.cast(y_pred, tf.float32))
-            weights = tf.ones_like(losses) if sample_weight is None else tf.broadcast_to(
-                tf.cast(sample_weight, tf.float32), tf.shape(losses))
-            is_byte = tf.cast(targets >= byte_offset, tf.float32)
-            self.bits.assign_add(tf.reduce_sum(losses * weights) / math.log(2.0))
-            self.bytes.assign_add(tf.reduce_sum(is_byte * weights))
+            targets = ops.cast(y_true, "int32")
+            losses = ops.sparse_categorical_crossentropy(targets, ops.cast(y_pred, "float32"), from_logits=True)
+            weights = ops.ones_like(losses) if sample_weight is None else ops.broadcast_to(
+                ops.cast(sample_weight, "float32"), ops.shape(losses))
+            is_byte = ops.cast(targets >= byte_offset, "float32")
+            self.bits.assign_add(ops.sum(losses * weights) / math.log(2.0))
+            self.bytes.assign_add(ops.sum(is_byte * weights))
 
         def result(self) -> Any:
-            return tf.math.divide_no_nan(self.bits, self.bytes)
+            return ops.divide_no_nan(self.bits, self.bytes)
 
         def reset_state(self) -> None:
             self.bits.assign(0.0)

@@ -1,7 +1,9 @@
 """A pre-norm Transformer over token ids: a decoder-only language model or an encoder classifier.
 
 Built from maintained Keras layers (Embedding, MultiHeadAttention, LayerNormalization, Dense,
-Dropout) for tf_keras or Keras 3, whichever module is passed in. The inputs are the batch's dict
+Dropout) for tf_keras or Keras 3, whichever module is passed in; the few layers of its own are
+written over `keras.ops` under Keras 3 (one code for its TensorFlow and JAX backends) and over the
+same tf ops as ever under tf_keras (`tensor_ops`). The inputs are the batch's dict
 (docs/sequences.md): `<tokens>` ids, and `<tokens>_segment_ids` / `<tokens>_positions` in pack
 mode or `<tokens>_mask` in pad and bucket mode. Attention is masked per segment, so a packed row
 computes exactly what its examples would alone, and no real token ever sees padding.
@@ -75,13 +77,34 @@ def position_rows(cfg: TransformerConfig, length: Optional[int]) -> int:
     return cfg.max_length
 
 
+def _tf_ops() -> SimpleNamespace:
+    """The few `keras.ops` the layers below use, as tf ops: tf_keras layers take tf tensors, and
+    these are the very ops (so the very graphs and numbers) tf_keras ran before Keras 3 joined."""
+    return SimpleNamespace(
+        cast=tf.cast, equal=tf.equal, not_equal=tf.not_equal, logical_and=tf.logical_and,
+        logical_or=tf.logical_or, logical_not=tf.logical_not, broadcast_to=tf.broadcast_to,
+        ones_like=tf.ones_like, einsum=tf.einsum, where=tf.where, maximum=tf.maximum,
+        expand_dims=tf.expand_dims, shape=tf.shape,
+        arange=lambda stop, dtype=None: tf.range(stop, dtype=dtype),
+        softmax=lambda x, axis=-1: tf.nn.softmax(x, axis=axis),
+        sum=lambda x, axis=None: tf.reduce_sum(x, axis=axis),
+    )
+
+
+def tensor_ops(keras: ModuleType) -> Any:
+    """`keras.ops` under Keras 3 (one code for its TensorFlow and JAX backends), tf ops under tf_keras."""
+    return getattr(keras, "ops", None) or _tf_ops()
+
+
 @functools.lru_cache(maxsize=None)
 def _layers(keras: ModuleType) -> SimpleNamespace:
     """The small layers the Transformer needs besides Keras's own, subclassed from `keras`'s Layer.
 
     They hold no kernels: masks and positions from int inputs, the tied logits, pooling, and the
-    attention softmax in float32. Defined per Keras module, since tf_keras and Keras 3 layers differ.
+    attention softmax in float32. Defined per Keras module, since tf_keras and Keras 3 layers differ,
+    and written once over `tensor_ops(keras)`.
     """
+    ops = tensor_ops(keras)
 
     class AttentionMask(keras.layers.Layer):
         """[B, L] segment ids → [B, L, L] bool: query i may see key j.
@@ -95,15 +118,15 @@ def _layers(keras: ModuleType) -> SimpleNamespace:
             self.causal = causal
 
         def call(self, segments: Any) -> Any:
-            segments = tf.cast(segments, tf.int32)
+            segments = ops.cast(segments, "int32")
             query, key = segments[:, :, None], segments[:, None, :]
-            real = tf.not_equal(query, 0)
-            allowed = tf.logical_and(tf.equal(query, key), real)
-            index = tf.range(tf.shape(segments)[1])
+            real = ops.not_equal(query, 0)
+            allowed = ops.logical_and(ops.equal(query, key), real)
+            index = ops.arange(ops.shape(segments)[1], dtype="int32")
             if self.causal:
-                allowed = tf.logical_and(allowed, index[None, None, :] <= index[None, :, None])
-            itself = tf.logical_and(tf.equal(index[None, None, :], index[None, :, None]), tf.logical_not(real))
-            return tf.logical_or(allowed, itself)
+                allowed = ops.logical_and(allowed, index[None, None, :] <= index[None, :, None])
+            itself = ops.logical_and(ops.equal(index[None, None, :], index[None, :, None]), ops.logical_not(real))
+            return ops.logical_or(allowed, itself)
 
         def get_config(self) -> dict[str, Any]:
             return {**super().get_config(), "causal": self.causal}
@@ -112,14 +135,14 @@ def _layers(keras: ModuleType) -> SimpleNamespace:
         """0..L-1 in every row: the positions of one example per row."""
 
         def call(self, tokens: Any) -> Any:
-            shape = tf.shape(tokens)
-            return tf.broadcast_to(tf.range(shape[1], dtype=tf.int32)[None, :], shape)
+            shape = ops.shape(tokens)
+            return ops.broadcast_to(ops.arange(shape[1], dtype="int32")[None, :], shape)
 
     class AllOnes(keras.layers.Layer):
         """Segment 1 everywhere: a row that is one example without padding."""
 
         def call(self, tokens: Any) -> Any:
-            return tf.ones_like(tokens, dtype=tf.int32)
+            return ops.ones_like(tokens, dtype="int32")
 
     class TiedLogits(keras.layers.Layer):
         """logits = h @ E^T with the token embedding E, in float32: no second vocabulary matrix."""
@@ -129,8 +152,8 @@ def _layers(keras: ModuleType) -> SimpleNamespace:
             self.embedding = embedding
 
         def call(self, hidden: Any) -> Any:
-            matrix = tf.cast(self.embedding.embeddings, tf.float32)
-            return tf.einsum("blw,vw->blv", tf.cast(hidden, tf.float32), matrix)
+            matrix = ops.cast(self.embedding.embeddings, "float32")
+            return ops.einsum("blw,vw->blv", ops.cast(hidden, "float32"), matrix)
 
         def get_config(self) -> dict[str, Any]:
             # For the model's JSON summary (TensorBoard writes one): the shared layer by name. Whole-model
@@ -146,11 +169,11 @@ def _layers(keras: ModuleType) -> SimpleNamespace:
 
         def call(self, inputs: Any) -> Any:
             hidden, segments = inputs
-            hidden = tf.cast(hidden, tf.float32)
+            hidden = ops.cast(hidden, "float32")
             if self.mode == "first":
                 return hidden[:, 0]
-            weight = tf.cast(tf.not_equal(segments, 0), tf.float32)[:, :, None]
-            return tf.reduce_sum(hidden * weight, axis=1) / tf.maximum(tf.reduce_sum(weight, axis=1), 1.0)
+            weight = ops.cast(ops.not_equal(segments, 0), "float32")[:, :, None]
+            return ops.sum(hidden * weight, axis=1) / ops.maximum(ops.sum(weight, axis=1), 1.0)
 
         def get_config(self) -> dict[str, Any]:
             return {**super().get_config(), "mode": self.mode}
@@ -163,18 +186,27 @@ def _layers(keras: ModuleType) -> SimpleNamespace:
         """MultiHeadAttention whose softmax runs in float32 with a finite mask value.
 
         Under mixed_bfloat16 a bfloat16 softmax keeps 8 bits of its probabilities; under float16
-        Keras's additive mask can overflow to -inf. Keras 3's fused path (dropout 0) is float32 already.
+        Keras's additive mask can overflow to -inf. Keras 3 with attention_dropout 0 takes its fused
+        `ops.dot_product_attention` instead (softmax in float32 there too, the [B, L, L] mask per row).
+        Its flash path stays off: on a TPU, called outside jit, Keras hands the splash kernel one
+        [L, L] mask for the whole batch (the first row's), so packed examples would see each other;
+        inside jit Keras falls back to the same XLA attention anyway.
         """
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            if hasattr(self, "_flash_attention"):  # Keras 3: None means "wherever it can", even on TPU
+                self._flash_attention = False
 
         def _masked_softmax(self, attention_scores: Any, attention_mask: Any = None) -> Any:
             dtype = attention_scores.dtype
-            scores = tf.cast(attention_scores, tf.float32)
+            scores = ops.cast(attention_scores, "float32")
             if attention_mask is not None:
-                mask = tf.cast(attention_mask, tf.bool)
+                mask = ops.cast(attention_mask, "bool")
                 for _ in range(len(scores.shape) - len(mask.shape)):  # [B, T, S] → [B, 1, T, S] (heads)
-                    mask = tf.expand_dims(mask, axis=-3)
-                scores = tf.where(mask, scores, tf.constant(_MASKED_SCORE, tf.float32))
-            return tf.cast(tf.nn.softmax(scores, axis=-1), dtype)
+                    mask = ops.expand_dims(mask, axis=-3)
+                scores = ops.where(mask, scores, ops.cast(_MASKED_SCORE, "float32"))
+            return ops.cast(ops.softmax(scores, axis=-1), dtype)
 
     return SimpleNamespace(AttentionMask=AttentionMask, RowPositions=RowPositions, AllOnes=AllOnes,
                            TiedLogits=TiedLogits, Pool=Pool, Attention=Attention)

@@ -18,17 +18,16 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 from absl import logging
 
-from tpu_pipeline.cluster import ClusterInfo, resolve
+from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.cluster.coordination import store_for
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import DataConfig
-from tpu_pipeline.config.framework import choose_framework
 from tpu_pipeline.config.tasks import predicts_tokens
 from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabulary
 from tpu_pipeline.model import build_model, get_keras, tf_keras
 from tpu_pipeline.model.checkpointed import CheckpointedModel
-from tpu_pipeline.model.keras_backend import use_framework
+from tpu_pipeline.model.keras_backend import build_for_input
 from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline.builder import Pipeline
@@ -41,6 +40,7 @@ from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, StepTracker, TrainState
+from tpu_pipeline.train.framework import framework_and_cluster, tensorboard_callback
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
@@ -121,7 +121,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     the strategy's scope and compiled here; it replaces config.model's network."""
     if config.data is None:
         raise ConfigError("the config has no 'data' section: training needs one (and usually eval_data)")
-    config, cluster = _framework_and_cluster(config, cluster)
+    config, cluster = framework_and_cluster(config, cluster)
     if not cluster.is_chief:
         printer = _worker_printer(printer, cluster.worker_id)
     printer(cluster.describe())
@@ -274,7 +274,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                                          before_save=before_save, steps=tracker)
         callbacks: list[Any] = [*([tracker] if tracker is not None else []), progress, checkpointer]
         if config.train.tensorboard:
-            callbacks.append(_tensorboard(config, cluster, os.path.join(run_dir, "tensorboard"), printer))
+            callbacks.append(tensorboard_callback(config, cluster, os.path.join(run_dir, "tensorboard"), printer))
         started = time.perf_counter()
         step = resumed_from
         if step < total_steps:
@@ -290,9 +290,12 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             epoch_now, into = divmod(step, steps)
             last_epoch = epoch_now + 1 if into else epochs
             watch.new_stream()
+            dataset = train_dataset(step)
+            if isinstance(dataset, tf.data.Dataset):  # (JAX's): Keras 3 would take a batch apart to build its metrics
+                build_for_input(model, dataset.element_spec)
             try:
                 model.fit(
-                    train_dataset(step), epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
+                    dataset, epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
                     validation_data=eval_dataset, validation_steps=validation_steps,
                     validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
                     shuffle=False,  # the pipeline shuffles (Keras 3 warns that it ignores True for a dataset)
@@ -386,31 +389,6 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     return metrics
 
 
-def _framework_and_cluster(config: Config, cluster: Optional[ClusterInfo]) -> tuple[Config, ClusterInfo]:
-    """The config with model.framework decided (config, else KERAS_BACKEND), Keras set to it, and the cluster
-    of that framework: a tf.distribute strategy, or a keras.distribution over JAX's devices."""
-    model = choose_framework(config.model)
-    if model is not config.model:
-        config = config.model_copy(update={"model": model})
-    use_framework(model.framework)
-    cluster = cluster or resolve(config.cluster, framework=model.framework)
-    if cluster.framework != model.framework:
-        raise ConfigError(f"model.framework is {model.framework}, but the cluster passed in was resolved for "
-                          f"{cluster.framework}; resolve it with framework={model.framework!r} or leave it out")
-    return config, cluster
-
-
-def _tensorboard(config: Config, cluster: ClusterInfo, log_dir: str, printer: Printer) -> Any:
-    """Keras's TensorBoard callback of the model's Keras; the profiler only on TensorFlow (JAX has its own)."""
-    profile = tuple(config.train.profile_steps) if config.train.profile_steps else 0
-    if cluster.framework != "jax":
-        return tf_keras.callbacks.TensorBoard(log_dir, profile_batch=profile)
-    if profile:
-        printer("train.profile_steps: TensorBoard's profiler traces TensorFlow steps; on JAX it is left off "
-                "(use jax.profiler)")
-    return get_keras(config.model.keras, "jax").callbacks.TensorBoard(log_dir)
-
-
 def _model_for(config: Config, cluster: ClusterInfo, pipeline: Pipeline, input_shape: Any, steps_per_epoch: int,
                model_fn: Optional[Callable[..., Any]]) -> Any:
     """The compiled model of this config for this pipeline's inputs: what `train` trains and `load_model` restores."""
@@ -428,7 +406,7 @@ def load_model(config: Config, *, cluster: Optional[ClusterInfo] = None,
     (to evaluate it, sample from it or export it); a ConfigError when the run has no checkpoint yet."""
     if config.data is None:
         raise ConfigError("the config has no 'data' section: the model's inputs are read from it")
-    config, cluster = _framework_and_cluster(config, cluster)
+    config, cluster = framework_and_cluster(config, cluster)
     pipeline = Pipeline.from_config(_training_data(config), target="tpu" if cluster.kind == "tpu" else "cpu",
                                     num_classes=config.train.num_classes)
     model = _model_for(config, cluster, pipeline, element_shape(pipeline, config.train.task),
