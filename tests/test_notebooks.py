@@ -20,6 +20,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from jax_child import jax_installed
 from tpu_pipeline.tensorflow_install import TESTED_LIBTPU, TESTED_TPU_TENSORFLOW
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,6 +58,8 @@ def test_quickstart_runs_top_to_bottom(tmp_path, monkeypatch, demo_cache):
     assert "input pipeline:" in text and "examples/s" in text
     assert "'steps': 4" in text and "eval_accuracy" in text
     assert (tmp_path / "runs" / "notebook" / "metrics.json").exists()
+    if jax_installed():  # the last cell: the same demo on Keras 3 with JAX, in the same kernel
+        assert "Keras 3 on JAX" in text and (tmp_path / "runs" / "notebook_jax" / "metrics.json").exists()
 
 
 def test_pipeline_tuning_runs_the_doctor_and_shows_the_chart(tmp_path, monkeypatch, demo_cache):
