@@ -19,7 +19,7 @@ import pytest
 
 from jax_child import requires_jax
 from test_jax_train import _env
-from test_multiworker import finish, free_ports, outputs, wait_for_step
+from test_multiworker import agreed_sigterm_step, finish, free_ports, wait_for_step
 from test_preemption import CHILD, REPO, assert_exact_epochs, max_step, read_log, train_config
 
 pytestmark = [pytest.mark.slow, requires_jax]
@@ -89,12 +89,7 @@ def test_two_jax_processes_killed_and_terminated_resume_exactly_each_host_feedin
     printed = finish(processes)
     assert [p.returncode for p in processes] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
     assert "Keras 3 on JAX" in printed[0] and "8 replicas on 2 hosts" in printed[0], printed[0][-3000:]
-    stops = [[line for line in p.splitlines() if "stopped by SIGTERM at step" in line] for p in printed]
-    assert all(stops), "\n----\n".join(p[-3000:] for p in printed)
-    stop_steps = {int(s[0].split("at step ")[1].split()[0]) for s in stops}
-    assert len(stop_steps) == 1, stops
-    sigterm_step = stop_steps.pop()
-    assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{sigterm_step}.index"))
+    sigterm_step = agreed_sigterm_step(printed, run_dir)
 
     # 3. Both start again and finish.
     processes = start_processes(config_path, out_dir)

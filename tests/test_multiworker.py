@@ -68,6 +68,17 @@ def outputs(workers: list[subprocess.Popen]) -> str:
     return "\n----\n".join(w.communicate()[0][-3000:] for w in workers)
 
 
+def agreed_sigterm_step(printed: list[str], run_dir: str) -> int:
+    """The one step at which every process said it stopped on SIGTERM, its checkpoint written."""
+    stops = [[line for line in p.splitlines() if "stopped by SIGTERM at step" in line] for p in printed]
+    assert all(stops), "\n----\n".join(p[-3000:] for p in printed)
+    stop_steps = {int(s[0].split("at step ")[1].split()[0]) for s in stops}
+    assert len(stop_steps) == 1, stops
+    sigterm_step = stop_steps.pop()
+    assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{sigterm_step}.index"))
+    return sigterm_step
+
+
 def test_two_workers_with_a_shared_run_dir_resume_exactly_after_a_kill_and_a_sigterm(tmp_path):
     from tpu_pipeline.records.demo_shapes import ensure_demo_dataset
 
@@ -103,12 +114,7 @@ def test_two_workers_with_a_shared_run_dir_resume_exactly_after_a_kill_and_a_sig
     assert [w.returncode for w in workers] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
     resumed = [line for line in printed[0].splitlines() if line.startswith("resumed from")]
     assert resumed and 0 < int(resumed[0].split("step ")[1].split()[0]) <= killed_at, printed[0][-3000:]
-    stops = [[line for line in p.splitlines() if "stopped by SIGTERM at step" in line] for p in printed]
-    assert all(stops), "\n----\n".join(p[-3000:] for p in printed)
-    stop_steps = {int(s[0].split("at step ")[1].split()[0]) for s in stops}
-    assert len(stop_steps) == 1, stops
-    sigterm_step = stop_steps.pop()
-    assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{sigterm_step}.index"))
+    sigterm_step = agreed_sigterm_step(printed, run_dir)
 
     # 3. Both start again and finish.
     workers = start_workers(config_path, out_dir)

@@ -1,0 +1,108 @@
+"""`tpu-pipeline train` on TensorFlow (tf_keras, tf.distribute) and on Keras 3 with JAX, side by side.
+
+    .venv/bin/python benchmarks/bench_jax_train.py [--rounds 2] [--replicas 8] [--workloads image,text]
+        [--lm_epochs 2] [--lm_steps 100] [--json out.json]
+
+Each round runs the real training job once per framework, in a child process of its own, alternating
+(TensorFlow first in even rounds, JAX first in odd ones): the same config, the same `train.seed`, the
+same `cluster.cpu_replicas` (replicas of a MirroredStrategy, or JAX CPU devices), so both train on the
+same batches in the same order (tests/test_jax_train.py checks that every device's slice of every step
+is what the same replica gets on TensorFlow) for the same steps. Only the framework, and so the initial
+weights, differ. From each run's metrics.json:
+
+  image  the demo (configs/demo.yaml's CNN on the shapes): eval_accuracy and eval_loss
+  text   configs/text_lm.yaml (packed rows of 256 bytes, the Transformer LM): eval_loss in nats per real
+         token, eval_bits_per_byte; the issue's bar is |JAX - TF| <= 0.05 nats at equal steps
+  both   steps/s of the timed training steps (steps / train_seconds less checkpoint time; the first step
+         of each fit, compilation, is not timed) and input_wait_fraction
+
+Printed: each figure's median over the rounds (worst-best), and JAX / TF for steps/s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FRAMEWORKS = ("tensorflow", "jax")
+
+
+def overrides(workload: str, args: argparse.Namespace, run_dir: str, framework: str) -> list[str]:
+    common = [f"model.framework={framework}", f"train.run_dir={run_dir}", f"cluster.cpu_replicas={args.replicas}",
+              "train.seed=1", "train.tensorboard=false", "train.checkpoint_every_seconds=null"]
+    if workload == "image":
+        return common + [f"train.epochs={args.image_epochs}"]
+    return ["--config", os.path.join(REPO, "configs", "text_lm.yaml"), *common,
+            f"train.epochs={args.lm_epochs}", f"train.steps_per_epoch={args.lm_steps}"]
+
+
+def run(workload: str, framework: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One training job in a fresh process; its metrics.json."""
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = os.path.join(scratch, "run")
+        env = {key: value for key, value in os.environ.items() if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
+        command = [sys.executable, "-m", "tpu_pipeline.cli", "train", *overrides(workload, args, run_dir, framework)]
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise SystemExit(f"{workload} on {framework} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    timed = metrics["train_seconds"] - metrics["checkpoint_seconds"]
+    figures = {"steps_per_sec": metrics["steps"] / timed, "input_wait": metrics["input_wait_fraction"],
+               "eval_loss": metrics["eval_loss"]}
+    if workload == "image":
+        figures["eval_accuracy"] = metrics["eval_accuracy"]
+    else:
+        figures.update(eval_bits_per_byte=metrics["eval_bits_per_byte"], tokens_per_sec=metrics["tokens_per_sec"])
+    return figures
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--workloads", default="image,text")
+    parser.add_argument("--image_epochs", type=int, default=2)
+    parser.add_argument("--lm_epochs", type=int, default=2)
+    parser.add_argument("--lm_steps", type=int, default=100)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for workload in args.workloads.split(","):
+        results[workload] = {framework: [] for framework in FRAMEWORKS}
+        for round_ in range(args.rounds):
+            order = FRAMEWORKS if round_ % 2 == 0 else FRAMEWORKS[::-1]
+            for framework in order:
+                figures = run(workload, framework, args)
+                results[workload][framework].append(figures)
+                print(f"{workload} round {round_ + 1} {framework}: " + ", ".join(
+                    f"{key} {value:.4f}" for key, value in figures.items()), flush=True)
+    print(f"\n{' '.join(sys.argv)}\n")
+    for workload, by_framework in results.items():
+        keys = list(by_framework["tensorflow"][0])
+        print(f"{workload}: median (worst-best) over {args.rounds} round(s), {args.replicas} replicas")
+        for key in keys:
+            tf_values = [r[key] for r in by_framework["tensorflow"]]
+            jax_values = [r[key] for r in by_framework["jax"]]
+            line = f"  {key:20s} tensorflow {spread(tf_values)}  jax {spread(jax_values)}"
+            if key in ("steps_per_sec", "tokens_per_sec"):
+                ratios = [j / t for j, t in zip(jax_values, tf_values)]
+                line += f"  jax/tf {spread(ratios)}"
+            if key == "eval_loss":
+                line += f"  jax-tf {statistics.median(j - t for j, t in zip(jax_values, tf_values)):+.4f} nats"
+            print(line)
+    if args.json:
+        json.dump(results, open(args.json, "w"), indent=2)
+
+
+if __name__ == "__main__":
+    main()
