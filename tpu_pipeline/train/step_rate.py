@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Any, Optional
 
-from tpu_pipeline.cluster import ClusterInfo, resolve
+from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import ServiceConfig
 from tpu_pipeline.errors import ConfigError
@@ -21,6 +21,7 @@ from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.train.callbacks import StepClock
+from tpu_pipeline.train.framework import framework_and_cluster
 from tpu_pipeline.train.model_inputs import element_shape
 from tpu_pipeline.train.runner import _model_for, _training_data
 
@@ -60,7 +61,9 @@ class _Clock(tf_keras.callbacks.Callback):
             self.warmup_seconds += time.perf_counter() - self._began
             if self._seen < self.warmup:
                 return  # the clock starts timing after the step that ends the warm-up
-        self.clock.step_ends(int(self.model.optimizer.iterations.numpy()))
+        # The steps done: one fit of one epoch from a new model, so Keras's batch index (an execution's
+        # last step) + 1, which JAX's trainer gives too (its variables are detached mid-fit).
+        self.clock.step_ends(batch + 1)
 
 
 def model_step_rate(config: Config, steps: int = 5, warmup: int = 2,
@@ -68,7 +71,7 @@ def model_step_rate(config: Config, steps: int = 5, warmup: int = 2,
     """Times `steps` executions of the config's model after `warmup` (see the module's docstring)."""
     if config.data is None:
         raise ConfigError("the config has no 'data' section: the model's inputs are read from it")
-    cluster = cluster or resolve(config.cluster)
+    config, cluster = framework_and_cluster(config, cluster)  # Keras 3 on JAX too (model.framework)
     target = "tpu" if cluster.kind == "tpu" else "cpu"
     # One batch of this host's own pipeline (data.service would make it elsewhere; one batch is enough).
     data = _training_data(config).model_copy(update={"service": ServiceConfig()})
