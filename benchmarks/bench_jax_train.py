@@ -13,8 +13,13 @@ weights, differ. From each run's metrics.json:
   image  the demo (configs/demo.yaml's CNN on the shapes): eval_accuracy and eval_loss
   text   configs/text_lm.yaml (packed rows of 256 bytes, the Transformer LM): eval_loss in nats per real
          token, eval_bits_per_byte; the issue's bar is |JAX - TF| <= 0.05 nats at equal steps
-  both   steps/s of the timed training steps (steps / train_seconds less checkpoint time; the first step
-         of each fit, compilation, is not timed) and input_wait_fraction
+  both   steps/s of the timed training steps (metrics.json's examples_per_sec or rows_per_sec over the global
+         batch: the time in training steps only, the first step of each fit, compilation, left out), the
+         wall steps/s of the whole fit (train_seconds less checkpoint time: compilation and the epoch-end
+         validations in), and input_wait_fraction
+
+Round r uses train.seed=r for both frameworks (the batches' order and the initial weights change with it),
+so the spread over rounds is that of the seeds.
 
 Printed: each figure's median over the rounds (worst-best), and JAX / TF for steps/s.
 """
@@ -33,28 +38,29 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("tensorflow", "jax")
 
 
-def overrides(workload: str, args: argparse.Namespace, run_dir: str, framework: str) -> list[str]:
+def overrides(workload: str, args: argparse.Namespace, run_dir: str, framework: str, seed: int) -> list[str]:
     common = [f"model.framework={framework}", f"train.run_dir={run_dir}", f"cluster.cpu_replicas={args.replicas}",
-              "train.seed=1", "train.tensorboard=false", "train.checkpoint_every_seconds=null"]
+              f"train.seed={seed}", "train.tensorboard=false", "train.checkpoint_every_seconds=null"]
     if workload == "image":
         return common + [f"train.epochs={args.image_epochs}"]
     return ["--config", os.path.join(REPO, "configs", "text_lm.yaml"), *common,
             f"train.epochs={args.lm_epochs}", f"train.steps_per_epoch={args.lm_steps}"]
 
 
-def run(workload: str, framework: str, args: argparse.Namespace) -> dict[str, Any]:
+def run(workload: str, framework: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """One training job in a fresh process; its metrics.json."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = os.path.join(scratch, "run")
         env = {key: value for key, value in os.environ.items() if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
-        command = [sys.executable, "-m", "tpu_pipeline.cli", "train", *overrides(workload, args, run_dir, framework)]
+        command = [sys.executable, "-m", "tpu_pipeline.cli", "train", *overrides(workload, args, run_dir, framework, seed)]
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             raise SystemExit(f"{workload} on {framework} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
-    timed = metrics["train_seconds"] - metrics["checkpoint_seconds"]
-    figures = {"steps_per_sec": metrics["steps"] / timed, "input_wait": metrics["input_wait_fraction"],
-               "eval_loss": metrics["eval_loss"]}
+    wall = metrics["train_seconds"] - metrics["checkpoint_seconds"]
+    rate = metrics.get("examples_per_sec") or metrics["rows_per_sec"]
+    figures = {"steps_per_sec": rate / metrics["global_batch_size"], "wall_steps_per_sec": metrics["steps"] / wall,
+               "input_wait": metrics["input_wait_fraction"], "eval_loss": metrics["eval_loss"]}
     if workload == "image":
         figures["eval_accuracy"] = metrics["eval_accuracy"]
     else:
@@ -71,7 +77,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--workloads", default="image,text")
-    parser.add_argument("--image_epochs", type=int, default=2)
+    parser.add_argument("--image_epochs", type=int, default=12)  # the demo's own: accuracy near its plateau
     parser.add_argument("--lm_epochs", type=int, default=2)
     parser.add_argument("--lm_steps", type=int, default=100)
     parser.add_argument("--json", default=None)
@@ -82,7 +88,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = FRAMEWORKS if round_ % 2 == 0 else FRAMEWORKS[::-1]
             for framework in order:
-                figures = run(workload, framework, args)
+                figures = run(workload, framework, args, seed=round_ + 1)
                 results[workload][framework].append(figures)
                 print(f"{workload} round {round_ + 1} {framework}: " + ", ".join(
                     f"{key} {value:.4f}" for key, value in figures.items()), flush=True)
@@ -94,11 +100,12 @@ def main() -> None:
             tf_values = [r[key] for r in by_framework["tensorflow"]]
             jax_values = [r[key] for r in by_framework["jax"]]
             line = f"  {key:20s} tensorflow {spread(tf_values)}  jax {spread(jax_values)}"
-            if key in ("steps_per_sec", "tokens_per_sec"):
+            if key in ("steps_per_sec", "wall_steps_per_sec", "tokens_per_sec"):
                 ratios = [j / t for j, t in zip(jax_values, tf_values)]
                 line += f"  jax/tf {spread(ratios)}"
             if key == "eval_loss":
-                line += f"  jax-tf {statistics.median(j - t for j, t in zip(jax_values, tf_values)):+.4f} nats"
+                differences = [j - t for j, t in zip(jax_values, tf_values)]
+                line += f"  jax-tf {statistics.median(differences):+.4f} nats ({min(differences):+.4f} to {max(differences):+.4f})"
             print(line)
     if args.json:
         json.dump(results, open(args.json, "w"), indent=2)
