@@ -19,7 +19,10 @@ weights, differ. From each run's metrics.json:
          validations in), and input_wait_fraction
 
 Round r uses train.seed=r for both frameworks (the batches' order and the initial weights change with it),
-so the spread over rounds is that of the seeds.
+so the spread over rounds is that of the seeds. The two frameworks draw different initial weights from one
+seed; `--same_init` gives them the same: the TensorFlow run (first in every round then) saves its model's
+weights as built, by name, and the JAX run's model takes them (a Keras 3 weight's path is its tf_keras
+name), so the two differ only in how they compute.
 
 Printed: each figure's median over the rounds (worst-best), and JAX / TF for steps/s.
 """
@@ -47,12 +50,13 @@ def overrides(workload: str, args: argparse.Namespace, run_dir: str, framework: 
             f"train.epochs={args.lm_epochs}", f"train.steps_per_epoch={args.lm_steps}"]
 
 
-def run(workload: str, framework: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """One training job in a fresh process; its metrics.json."""
+def run(workload: str, framework: str, args: argparse.Namespace, seed: int, weights: str = "") -> dict[str, Any]:
+    """One training job in a fresh process; its metrics.json. `weights`: the initial weights' .npz (`--same_init`)."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = os.path.join(scratch, "run")
         env = {key: value for key, value in os.environ.items() if key not in ("KERAS_BACKEND", "XLA_FLAGS")}
-        command = [sys.executable, "-m", "tpu_pipeline.cli", "train", *overrides(workload, args, run_dir, framework, seed)]
+        start = [os.path.abspath(__file__), "--child", weights] if weights else ["-m", "tpu_pipeline.cli"]
+        command = [sys.executable, *start, "train", *overrides(workload, args, run_dir, framework, seed)]
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             raise SystemExit(f"{workload} on {framework} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -68,6 +72,32 @@ def run(workload: str, framework: str, args: argparse.Namespace, seed: int) -> d
     return figures
 
 
+def child(weights: str, argv: list[str]) -> None:
+    """`tpu-pipeline train` whose model starts from `weights` (by weight name), saved first if not there yet."""
+    import numpy as np
+
+    sys.path.insert(0, REPO)
+    from tpu_pipeline.cli import main as cli_main
+    from tpu_pipeline.train import runner
+
+    build_model = runner.build_model
+
+    def same_start(*args: Any, **kwargs: Any) -> Any:
+        model = build_model(*args, **kwargs)
+        names = [getattr(w, "path", None) or w.name.removesuffix(":0") for w in model.weights]
+        if os.path.exists(weights):
+            saved = dict(np.load(weights))
+            assert sorted(saved) == sorted(names), sorted(set(saved) ^ set(names))
+            for name, weight in zip(names, model.weights):
+                weight.assign(saved[name])
+        else:
+            np.savez(weights, **{name: np.asarray(w.numpy()) for name, w in zip(names, model.weights)})
+        return model
+
+    runner.build_model = same_start
+    cli_main(["tpu-pipeline", *argv])
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
 
@@ -81,14 +111,18 @@ def main() -> None:
     parser.add_argument("--lm_epochs", type=int, default=2)
     parser.add_argument("--lm_steps", type=int, default=100)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--same_init", action="store_true", help="both frameworks start from the same weights")
+    if sys.argv[1:2] == ["--child"]:
+        return child(sys.argv[2], sys.argv[3:])
     args = parser.parse_args()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for workload in args.workloads.split(","):
         results[workload] = {framework: [] for framework in FRAMEWORKS}
         for round_ in range(args.rounds):
-            order = FRAMEWORKS if round_ % 2 == 0 else FRAMEWORKS[::-1]
+            order = FRAMEWORKS if round_ % 2 == 0 or args.same_init else FRAMEWORKS[::-1]
+            weights = os.path.join(tempfile.mkdtemp(), "initial.npz") if args.same_init else ""
             for framework in order:
-                figures = run(workload, framework, args, seed=round_ + 1)
+                figures = run(workload, framework, args, seed=round_ + 1, weights=weights)
                 results[workload][framework].append(figures)
                 print(f"{workload} round {round_ + 1} {framework}: " + ", ".join(
                     f"{key} {value:.4f}" for key, value in figures.items()), flush=True)

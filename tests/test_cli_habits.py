@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import yaml
+from jax_child import requires_jax
 
 from tpu_pipeline.config import load_config
 from tpu_pipeline.config.loader import params_override, suggest_config_key
@@ -15,8 +16,8 @@ from tpu_pipeline.config.loader import params_override, suggest_config_key
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def cli(*args: str, cwd: str, cache_dir: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TPU_PIPELINE_CACHE": cache_dir, "PYTHONPATH": REPO}
+def cli(*args: str, cwd: str, cache_dir: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TPU_PIPELINE_CACHE": cache_dir, "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -71,7 +72,8 @@ def test_devices_says_what_the_resolver_found(tmp_path, demo_cache):
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert lines[0].startswith("tensorflow: ") and lines[1].startswith("libtpu: ")  # the build, then libtpu
-    assert lines[2:6] == ["kind: cpu", "replicas: 2 on 1 host(s)", "strategy: MirroredStrategy",
+    assert lines[2].startswith("framework: tensorflow (tf.distribute;")
+    assert lines[3:7] == ["kind: cpu", "replicas: 2 on 1 host(s)", "strategy: MirroredStrategy",
                          "found from: cluster.cpu_replicas"]
     assert sum(line.strip().endswith(("device:CPU:0", "device:CPU:1")) for line in lines) == 2
 
@@ -98,3 +100,18 @@ def test_help_lists_the_project_flags_before_absl_and_tensorflow(tmp_path, demo_
     assert "absl.app" not in short.stdout and len(short.stdout.splitlines()) < 40
     full = cli("doctor", "--helpfull", cwd=str(tmp_path), cache_dir=demo_cache).stdout.split("flags:\n", 1)[1]
     assert full.index("--write-tuned") < full.index("--config:") < full.index("absl.app")
+
+
+@requires_jax
+def test_devices_on_jax_names_the_framework_and_counts_its_devices(tmp_path, demo_cache):
+    result = cli("devices", "model.framework=jax", "cluster.cpu_replicas=4", cwd=str(tmp_path), cache_dir=demo_cache)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[2].startswith("framework: jax ") and "on cpu: 4 device(s) in 1 process(es)" in lines[2], lines[2]
+    assert lines[3:7] == ["kind: cpu", "replicas: 4 on 1 host(s)", "strategy: JaxDataParallel",
+                          "found from: one JAX process"]
+    refused = cli("devices", "model.framework=tensorflow", cwd=str(tmp_path), cache_dir=demo_cache,
+                  env={"KERAS_BACKEND": "jax"})
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(
+        "model.framework is tensorflow but KERAS_BACKEND=jax; make them agree: unset KERAS_BACKEND, or set it to "
+        "tensorflow, or change model.framework"), refused.stderr[-2000:]

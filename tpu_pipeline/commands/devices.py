@@ -25,9 +25,9 @@ def run(overrides: Sequence[str]) -> int:
     use_framework(framework)
     cluster = resolve(config.cluster, framework=framework)
     stack = current_stack()
-    print(f"framework: {_framework_line(framework)}")
     print(f"tensorflow: {stack.describe()}")
     print(libtpu_line(stack.build, stack.install))
+    print(f"framework: {_framework_line(framework)}")
     print(f"kind: {cluster.kind}")
     print(f"replicas: {cluster.num_replicas} on {cluster.num_hosts} host(s)"
           + (f"; this is worker {cluster.worker_id}" + (" (the chief)" if cluster.is_chief else "")
