@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, requires_jax]
 EPOCHS, STEPS_PER_EPOCH, NUM, HOSTS, DEVICES = 3, 8, 512, 2, 8
 
 
-def start_processes(config_path: str, out_dir: str) -> list[subprocess.Popen]:
+def start_processes(config_path: str, out_dir: str, mode: str = "train_jax") -> list[subprocess.Popen]:
     """The two processes of one jax.distributed job (a fresh coordinator port: a restarted job is a new one)."""
     address = f"127.0.0.1:{free_ports(1)[0]}"
     processes = []
@@ -35,7 +35,7 @@ def start_processes(config_path: str, out_dir: str) -> list[subprocess.Popen]:
         env = _env(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(HOSTS), JAX_PROCESS_ID=str(index),
                    IDS_LOG=f"ids-{index}.log")
         env.pop("XLA_FLAGS")  # cluster.cpu_replicas: 4 per process
-        processes.append(subprocess.Popen([sys.executable, CHILD, "train_jax", config_path, out_dir], cwd=REPO,
+        processes.append(subprocess.Popen([sys.executable, CHILD, mode, config_path, out_dir], cwd=REPO,
                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return processes
 
@@ -107,3 +107,46 @@ def test_two_jax_processes_killed_and_terminated_resume_exactly_each_host_feedin
     assert log == tf_path_batches(config, steps)
     assert_exact_epochs([[i for step in range(steps) for device in range(DEVICES) for i in log[(step, device)]]],
                         NUM, NUM)
+
+
+def test_two_jax_processes_train_a_packed_language_model_on_the_documents_of_an_uninterrupted_run(tmp_path):
+    """Each host's packed stream stops at a place of its own: before each save both publish theirs through
+    jax.distributed's store, and the chief's checkpoint holds both. Killed, SIGTERMed, finished: at every step
+    each host's device trained on the documents of an uninterrupted run (input pipeline h of 2)."""
+    from test_multiworker_sequences import EPOCHS as LM_EPOCHS, STEPS_PER_EPOCH as LM_STEPS, uninterrupted
+    from test_text_lm import converted, lm_config
+
+    data_dir = converted(tmp_path, count=200, splits="train")
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    raw = lm_config(data_dir, run_dir, length=128, epochs=LM_EPOCHS, steps=LM_STEPS, eval_data=False,
+                    checkpoint_every_steps=2, max_checkpoints=2)
+    raw["data"]["sequence"]["window"] = 16  # small windows: the two hosts' places differ soon
+    raw["data"]["sequence"]["row_shuffle"] = 2
+    raw["model"]["framework"] = "jax"
+    raw["cluster"] = {"cpu_replicas": 1}  # one device per process: input pipeline h feeds device h
+    config_path = str(tmp_path / "config.json")
+    json.dump(raw, open(config_path, "w"))
+    steps = LM_EPOCHS * LM_STEPS
+    rng = random.Random(7)
+
+    processes = start_processes(config_path, out_dir, "train_lm_jax")
+    wait_for_step(processes, out_dir, rng.randint(4, 7))
+    for process in processes:
+        process.send_signal(signal.SIGKILL)
+    finish(processes, timeout=60)
+    killed_at = max_step(out_dir)
+
+    processes = start_processes(config_path, out_dir, "train_lm_jax")
+    wait_for_step(processes, out_dir, killed_at + rng.randint(2, 3))
+    processes[1].send_signal(signal.SIGTERM)
+    printed = finish(processes)
+    assert [p.returncode for p in processes] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
+    assert "input pipeline 0 of 2 from the window at example" in printed[0], printed[0][-3000:]
+    assert "input pipeline 1 of 2 from the window at example" in printed[1], printed[1][-3000:]
+
+    processes = start_processes(config_path, out_dir, "train_lm_jax")
+    printed = finish(processes)
+    assert [p.returncode for p in processes] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
+    log = read_log(out_dir)  # also checks that a redone step saw the same documents
+    assert log == uninterrupted(raw, steps)
