@@ -12,7 +12,8 @@ pipeline from an `InputContext` (one input pipeline per process), whose elements
 batches in replica order exactly as a `tf.distribute` strategy takes them; `per_host_batches` joins
 each step's local replicas' batches into the process's batch, and Keras makes every such batch one
 global `jax.Array` (`jax.make_array_from_process_local_data`), device i of a host taking the i-th
-slice. So each device gets the batch the same replica would get on the TF path.
+slice. So each device gets the batch the same replica would get on the TF path. The batches reach
+Keras as read-only numpy views, not Keras's copies (`cluster/jax_input.py`).
 
 Only here does the cluster layer import JAX and Keras 3, and only when the JAX path is taken.
 """
@@ -39,8 +40,9 @@ class JaxDataParallel:
     """A `keras.distribution.DataParallel` with the strategy calls the training job makes.
 
     Not a `tf.distribute.Strategy`: `scope()` is the distribution's, and
-    `distribute_datasets_from_function` returns this process's `tf.data.Dataset` of process batches,
-    which Keras's JAX trainer turns into global arrays.
+    `distribute_datasets_from_function` returns this process's batches as the Keras data adapter that
+    hands them to Keras's JAX trainer as read-only views (`cluster/jax_input.py`), which it makes global
+    arrays.
     """
 
     distribution: Any  # keras.distribution.DataParallel
@@ -59,9 +61,12 @@ class JaxDataParallel:
                                           num_replicas_in_sync=self.num_replicas_in_sync)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
-                                          options: Any = None) -> tf.data.Dataset:
-        """This process's batches: `dataset_fn`'s per-replica batches, each step's local ones joined."""
-        return per_host_batches(dataset_fn(self.input_context()), self.local_devices)
+                                          options: Any = None) -> Any:
+        """This process's batches: `dataset_fn`'s per-replica batches, each step's local ones joined, in
+        the adapter `fit` and `evaluate` take (iterating it yields the tf batches; `.dataset` is theirs)."""
+        from tpu_pipeline.cluster.jax_input import host_batches
+
+        return host_batches(per_host_batches(dataset_fn(self.input_context()), self.local_devices))
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
         return (value,)

@@ -291,7 +291,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             last_epoch = epoch_now + 1 if into else epochs
             watch.new_stream()
             dataset = train_dataset(step)
-            if isinstance(dataset, tf.data.Dataset):  # (JAX's): Keras 3 would take a batch apart to build its metrics
+            if held.on_jax or isinstance(dataset, tf.data.Dataset):  # Keras 3 would take a batch apart to build its metrics
                 build_for_input(model, dataset.element_spec)
             try:
                 model.fit(
