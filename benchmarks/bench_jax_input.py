@@ -8,21 +8,22 @@ the input rate per host of ours against Keras 3's own tf.data adapter with 2 pro
 Part 1, the hand-off (one process, 8 JAX CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8,
 KERAS_BACKEND=jax, both set here before JAX starts). The per-host dataset is our pipeline through
 `resolve_jax(...).strategy.distribute_datasets_from_function` (per-replica batches joined into the
-process batch). Each round times, in a rotated order, each build afresh:
+process batch; `.dataset` is the tf.data.Dataset inside the adapter it returns). Each round times, in a
+rotated order, each build afresh:
 
   tf          the dataset iterated in Python, elements as tf tensors: the pipeline's own time per batch
   keras       the same dataset through Keras's JAX trainer's own input code: `JAXEpochIterator(x=dataset)`
-              (which makes the adapter with `get_data_adapter`) and its `_get_iterator()` (the trainer's
-              distributed iterator: `TFDatasetAdapter.get_jax_iterator`, tf → numpy, then
-              `_distribute_data` → `distribute_data_input` → `jax.make_array_from_process_local_data`
-              with the distribution's data layouts), each step's arrays waited for (`block_until_ready`)
-  tf mem / numpy mem / keras mem
-              the same three on 8 of those batches held in memory (`take(8).cache().repeat()`): the
-              hand-off alone, with no pipeline threads beside it. keras mem - tf mem is the hand-off's
-              cost per batch; numpy mem - tf mem its tf → numpy part (`np.array`: a copy).
-  direct mem  the other hand-off issue 39 allows (our code, not Keras's): the same in-memory batches
-              viewed as numpy without a copy (`np.asarray`), then the same
-              `make_array_from_process_local_data` with the same layouts: direct mem - tf mem.
+              (which makes Keras's adapter with `get_data_adapter`) and its `_get_iterator()` (the
+              trainer's distributed iterator: `TFDatasetAdapter.get_jax_iterator`, tf → numpy with
+              `np.array`, then `_distribute_data` → `distribute_data_input` →
+              `jax.make_array_from_process_local_data` with the distribution's data layouts), each step's
+              arrays waited for (`block_until_ready`)
+  ours        the same, `JAXEpochIterator(x=adapter)` given our adapter (cluster/jax_input.py: read-only
+              `np.asarray` views, then the same Keras code): what `train` runs
+  tf mem / numpy mem / keras mem / ours mem
+              the same on 8 of those batches held in memory (`take(8).cache().repeat()`): the hand-off
+              alone, with no pipeline threads beside it. keras mem - tf mem is Keras's hand-off per batch;
+              numpy mem - tf mem its tf → numpy part (`np.array`: a copy); ours mem - tf mem ours.
   join mem    8 steps' per-replica batches held in memory, joined as they are pulled by
               `per_host_batches` (what our path adds on the host before Keras sees a batch: one copy
               of the process batch): join mem - tf mem is its cost per batch.
@@ -74,7 +75,7 @@ DEVICE_FLAG = "--xla_force_host_platform_device_count"
 HANDOFF_DEVICES = 8
 HOST_PROCESSES, HOST_DEVICES = 2, 4
 IN_MEMORY_BATCHES = 8
-HANDOFF_NAMES = ("tf", "keras", "tf mem", "numpy mem", "keras mem", "direct mem", "join mem")
+HANDOFF_NAMES = ("tf", "keras", "ours", "tf mem", "numpy mem", "keras mem", "ours mem", "join mem")
 WORKLOADS = {  # name: what it is, for the table
     "demo": "demo images 64x64x3 float32, cached after epoch 1, flip",
     "tokens": "demo text, pack 1024, lm_shift (text_lm outputs)",
@@ -144,40 +145,18 @@ def numpy_iterator(dataset: tf.data.Dataset) -> Any:
     return get_data_adapter(dataset).get_jax_iterator()
 
 
-def direct_handoff() -> Callable[[Any], Any]:
-    """The other way issue 39 names (the data handed over as global arrays): each tf tensor viewed as numpy
-    without a copy (`np.asarray`, where Keras's `convert_to_numpy` copies with `np.array`), then the
-    same `jax.make_array_from_process_local_data` with the same layouts as Keras's trainer."""
-    import jax
-    import keras
-    import numpy as np
-
-    distribution = keras.distribution.distribution()
-    layouts: dict[tuple, Any] = {}  # computed once per shape, as Keras's trainer computes them once
-
-    def put(x: Any) -> Any:
-        shape = tuple(x.shape)
-        if shape not in layouts:
-            layouts[shape] = distribution.get_data_layout(shape).backend_layout
-        return jax.make_array_from_process_local_data(layouts[shape], np.asarray(x))
-
-    def place(batch: Any) -> Any:
-        return jax.tree_util.tree_map(put, batch)
-
-    return place
-
-
 # --- part 1: the hand-off, one process, 8 devices --------------------------------------------------
 
 def handoff_round(workload: str, strategy: Any, config: Any, seconds: float, warmup: float,
                   order: list[str]) -> dict[str, dict]:
     import jax
     from tpu_pipeline.cluster.jax_devices import per_host_batches
+    from tpu_pipeline.cluster.jax_input import host_batches
     from tpu_pipeline.pipeline import Pipeline
 
     def per_host() -> tf.data.Dataset:
         pipeline = Pipeline.from_config(config)
-        return strategy.distribute_datasets_from_function(lambda context: pipeline.build(context))
+        return strategy.distribute_datasets_from_function(lambda context: pipeline.build(context)).dataset
 
     def pulls(name: str) -> Callable[[], Any]:
         if name == "join mem":  # per-replica batches in memory, joined by per_host_batches as we go
@@ -189,12 +168,9 @@ def handoff_round(workload: str, strategy: Any, config: Any, seconds: float, war
         dataset = per_host()
         if name.endswith(" mem"):
             dataset = dataset.take(IN_MEMORY_BATCHES).cache().repeat()
-        if name.startswith("keras"):
-            iterator = keras_iterator(dataset)
+        if name.startswith(("keras", "ours")):
+            iterator = keras_iterator(host_batches(dataset) if name.startswith("ours") else dataset)
             return lambda: jax.block_until_ready(next(iterator))
-        if name.startswith("direct"):
-            iterator, place = iter(dataset), direct_handoff()
-            return lambda: jax.block_until_ready(place(next(iterator)))
         iterator = numpy_iterator(dataset) if name.startswith("numpy") else iter(dataset)
         return lambda: next(iterator)
 
@@ -252,14 +228,15 @@ def spread(values: list[float], fmt: str) -> str:
 def print_handoff(result: dict, args: argparse.Namespace) -> None:
     print(f"\nPart 1: the hand-off per batch, 1 process, {result['devices']} JAX CPU devices "
           f"(median (worst–best) of {args.rounds} rounds, each ratio taken within a round)")
-    header = ("workload", "process batch", "bytes/batch", "pipeline µs/batch (tf)", "through Keras µs/batch",
-              "Keras ÷ pipeline time", "hand-off alone µs", "of it tf→numpy µs", "hand-off ÷ pipeline time",
-              "np.asarray hand-off µs", "join (per_host_batches) µs")
+    header = ("workload", "process batch", "bytes/batch", "pipeline µs/batch (tf)", "through Keras's adapter µs/batch",
+              "through ours µs/batch", "Keras's ÷ pipeline time", "ours ÷ pipeline time", "Keras's hand-off alone µs",
+              "of it tf→numpy µs", "our hand-off alone µs", "Keras's ÷ ours (hand-off)", "join (per_host_batches) µs")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for workload, rounds in result["rounds"].items():
         first = rounds[0]["tf"]
         handoff = [r["keras mem"]["us_per_batch"] - r["tf mem"]["us_per_batch"] for r in rounds]
+        ours = [r["ours mem"]["us_per_batch"] - r["tf mem"]["us_per_batch"] for r in rounds]
         to_numpy = [r["numpy mem"]["us_per_batch"] - r["tf mem"]["us_per_batch"] for r in rounds]
         cells = [
             f"{workload}: {WORKLOADS[workload]}",
@@ -267,11 +244,13 @@ def print_handoff(result: dict, args: argparse.Namespace) -> None:
             f"{first['bytes'] / 2**20:.2f} MiB",
             spread([r["tf"]["us_per_batch"] for r in rounds], ",.0f"),
             spread([r["keras"]["us_per_batch"] for r in rounds], ",.0f"),
+            spread([r["ours"]["us_per_batch"] for r in rounds], ",.0f"),
             spread([r["keras"]["us_per_batch"] / r["tf"]["us_per_batch"] for r in rounds], ".2f"),
+            spread([r["ours"]["us_per_batch"] / r["tf"]["us_per_batch"] for r in rounds], ".2f"),
             spread(handoff, ",.0f"),
             spread(to_numpy, ",.0f"),
-            spread([h / r["tf"]["us_per_batch"] for h, r in zip(handoff, rounds)], ".3f"),
-            spread([r["direct mem"]["us_per_batch"] - r["tf mem"]["us_per_batch"] for r in rounds], ",.0f"),
+            spread(ours, ",.0f"),
+            spread([h / max(o, 1.0) for h, o in zip(handoff, ours)], ".1f"),
             spread([r["join mem"]["us_per_batch"] - r["tf mem"]["us_per_batch"] for r in rounds], ",.0f"),
         ]
         print("| " + " | ".join(cells) + " |")
