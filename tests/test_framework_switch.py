@@ -72,3 +72,24 @@ def test_on_jax_steps_per_execution_divides_an_epoch():
     assert resolve_steps_per_execution(explicit, "cpu", 8, 8) == 2
     with pytest.raises(ConfigError, match="model.steps_per_execution=2 does not divide train.steps_per_epoch=7"):
         resolve_steps_per_execution(explicit, "cpu", 8, 7)
+
+
+def test_a_step_error_is_a_peer_failure_only_with_several_hosts_and_on_jax_only_when_it_says_so():
+    """The JAX runtime error of a Gloo all-reduce whose peer hung up (measured text) stops the job with the
+    PeerFailure line; a JAX error of the step's own (out of device memory) is raised as it is."""
+    import tensorflow as tf
+
+    from tpu_pipeline.cluster import ClusterInfo
+    from tpu_pipeline.train.framework import is_peer_failure
+
+    def cluster(hosts: int, framework: str) -> ClusterInfo:
+        kind = "multi-worker" if framework == "tensorflow" else "cpu"  # TF_CONFIG workers; JAX processes
+        return ClusterInfo(strategy=None, kind=kind, num_replicas=8, num_hosts=hosts, devices=(), framework=framework)
+
+    gloo = RuntimeError("UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error "
+                        "[127.0.0.1]:59008: Connection reset by peer")
+    memory = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes.")
+    unavailable = tf.errors.UnavailableError(None, None, "Collective ops is aborted by: task 1 is unhealthy")
+    assert is_peer_failure(gloo, cluster(2, "jax")) and is_peer_failure(unavailable, cluster(2, "tensorflow"))
+    assert not is_peer_failure(memory, cluster(2, "jax"))
+    assert not is_peer_failure(gloo, cluster(1, "jax")) and not is_peer_failure(unavailable, cluster(1, "tensorflow"))

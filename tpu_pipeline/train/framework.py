@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import tensorflow as tf
+
 from tpu_pipeline.cluster import ClusterInfo, resolve
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.framework import choose_framework
@@ -15,6 +17,14 @@ from tpu_pipeline.model import get_keras, tf_keras
 from tpu_pipeline.model.keras_backend import use_framework
 
 Printer = Callable[[str], None]
+
+# What a TensorFlow collective raises when a peer worker died or hung up.
+_TF_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.InternalError, tf.errors.AbortedError,
+                   tf.errors.DeadlineExceededError, tf.errors.CancelledError)
+# In a JAX runtime error's text when a peer process died: its collective's connection (Gloo on CPU) or
+# the coordination service (a status code a lost peer gives).
+_JAX_PEER_MARKS = ("gloo", "connection reset", "connection refused", "broken pipe", "unavailable:",
+                   "deadline_exceeded", "aborted:", "cancelled:", "heartbeat", "socket closed")
 
 
 def framework_and_cluster(config: Config, cluster: Optional[ClusterInfo]) -> tuple[Config, ClusterInfo]:
@@ -40,3 +50,24 @@ def tensorboard_callback(config: Config, cluster: ClusterInfo, log_dir: str, pri
         printer("train.profile_steps: TensorBoard's profiler traces TensorFlow steps; on JAX it is left off "
                 "(use jax.profiler)")
     return get_keras(config.model.keras, "jax").callbacks.TensorBoard(log_dir)
+
+
+def peer_errors(cluster: ClusterInfo) -> tuple[type[BaseException], ...]:
+    """The exception types a step may raise when a peer host died: TensorFlow's collectives', and on JAX
+    its runtime error too (a Gloo all-reduce whose peer hung up raises it at once)."""
+    if cluster.framework == "jax":
+        import jax
+
+        return _TF_PEER_ERRORS + (jax.errors.JaxRuntimeError,)
+    return _TF_PEER_ERRORS
+
+
+def is_peer_failure(error: BaseException, cluster: ClusterInfo) -> bool:
+    """Whether `error` (one of `peer_errors`) means a peer host is gone: only with several hosts, and on JAX
+    only a runtime error that says so (another, such as running out of device memory, is the step's own)."""
+    if cluster.num_workers == 1:
+        return False
+    if isinstance(error, _TF_PEER_ERRORS):
+        return True
+    text = str(error).lower()
+    return any(mark in text for mark in _JAX_PEER_MARKS)

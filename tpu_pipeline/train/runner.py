@@ -40,7 +40,7 @@ from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, StepTracker, TrainState
-from tpu_pipeline.train.framework import framework_and_cluster, tensorboard_callback
+from tpu_pipeline.train.framework import framework_and_cluster, is_peer_failure, peer_errors, tensorboard_callback
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
@@ -50,9 +50,6 @@ from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_to
 from tpu_pipeline.train.stall import StallWatch, kept_line
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition
 
-# What a collective raises when a peer worker died or hung up.
-_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.InternalError, tf.errors.AbortedError,
-                tf.errors.DeadlineExceededError, tf.errors.CancelledError)
 _RUN_KEYS = itertools.count()  # names this process's train() calls alike on every worker
 
 Printer = Callable[[str], None]
@@ -308,13 +305,10 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
                 break
             except _DATA_ERRORS as error:
                 raise _explained(config, error) from None
-            except _PEER_ERRORS as error:
-                if cluster.num_workers == 1:
+            except peer_errors(cluster) as error:
+                if not is_peer_failure(error, cluster):
                     raise
-                raise PeerFailure(
-                    f"a peer worker stopped or cannot be reached ({_peer_failure(error)}); start every worker again "
-                    f"with the same command: the run resumes from {files.latest_checkpoint or 'its start (no checkpoint yet)'}"
-                ) from None
+                raise _peer_stopped(error, files) from None
             step = int(model.optimizer.iterations.numpy())
         train_seconds = time.perf_counter() - started
     history = state.history()
@@ -364,6 +358,10 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
             evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
         except _DATA_ERRORS as error:
             raise _explained(config, error) from None
+        except peer_errors(cluster) as error:
+            if not is_peer_failure(error, cluster):
+                raise
+            raise _peer_stopped(error, files) from None
         metrics.update(state.task.evaluation_figures(evaluation))  # eval_loss: the weighted cross-entropy
         metrics["eval_examples"] = None if config.train.eval_steps else eval_pipeline.source.count_examples()
         if config.eval_data.mixture is not None:
@@ -433,9 +431,11 @@ def _explained(config: Config, error: Exception) -> Exception:
     return error
 
 
-def _peer_failure(error: Exception) -> str:
-    """The line of a collective's error that says what happened to the peer (TF's first line says little)."""
-    return tf_message(error, limit=300, marks=("aborted by", "unhealthy", "connect"))
+def _peer_stopped(error: Exception, files: RunFiles) -> PeerFailure:
+    """The one line of a peer host's death: what the collective said, and the command that resumes."""
+    said = tf_message(error, limit=300, marks=("aborted by", "unhealthy", "connect"))  # TF's first line says little
+    return PeerFailure(f"a peer worker stopped or cannot be reached ({said}); start every worker again with the same "
+                       f"command: the run resumes from {files.latest_checkpoint or 'its start (no checkpoint yet)'}")
 
 
 def _worker_printer(printer: Printer, worker_id: int) -> Printer:
