@@ -88,6 +88,23 @@ class JaxCoordinationStore:
                 return None
             raise StoreUnavailable(text.splitlines()[0]) from None
 
+    def put(self, key: str, value: str) -> None:
+        """Sets `key`, over a value it had (a process's beat: `train/peer_watch.py`)."""
+        try:
+            self._client.key_value_set(key, value, allow_overwrite=True)
+        except Exception as error:
+            raise StoreUnavailable(str(error).splitlines()[0]) from None
+
+    def peek(self, key: str) -> Optional[str]:
+        """The value of `key` now, None when it is not set: no wait."""
+        try:
+            return self._client.key_value_try_get(key)
+        except Exception as error:
+            text = str(error)
+            if "NOT_FOUND" in text or "not found" in text.lower():
+                return None
+            raise StoreUnavailable(text.splitlines()[0]) from None
+
 
 def store_for(framework: str) -> KeyValueStore:
     """The store of this process's cluster: TensorFlow's coordination service, or JAX's."""

@@ -38,11 +38,12 @@ from tpu_pipeline.pipeline.mixtures.mixture_check import check_training_mixture
 from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_meter
 from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
-from tpu_pipeline.train.cadence import TimedCheckpointer, cadence
+from tpu_pipeline.train.cadence import Cadence, TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, StepTracker, TrainState
 from tpu_pipeline.train.framework import framework_and_cluster, is_peer_failure, peer_errors, tensorboard_callback
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
+from tpu_pipeline.train.peer_watch import PeerWatch
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
@@ -135,7 +136,20 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         printer(line)
     run_key = f"run{next(_RUN_KEYS)}"
     store = store_for(cluster.framework) if cluster.num_workers > 1 else None
+    if store is None or cluster.framework != "jax":
+        return _train(config, cluster, printer, model_fn, saves, run_key, store)
+    # JAX: a peer that dies while this host waits outside a connected collective would be noticed by JAX
+    # only after 100 s, with its fatal abort (train/peer_watch.py).
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    with PeerWatch(store, cluster.worker_id, cluster.num_workers, run_key,
+                   lambda: tf.train.latest_checkpoint(checkpoints) or "its start (no checkpoint yet)"):
+        return _train(config, cluster, printer, model_fn, saves, run_key, store)
 
+
+def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Optional[Callable[..., Any]],
+           saves: Cadence, run_key: str, store: Any) -> dict[str, Any]:
+    """`train` from its input on: the pipelines, the model, the checkpoints, the fit loop, the evaluation."""
+    run_dir = config.train.run_dir
     train_data = _training_data(config)
     target = "tpu" if cluster.kind == "tpu" else "cpu"
     train_pipeline = Pipeline.from_config(train_data, target=target, num_classes=config.train.num_classes,
