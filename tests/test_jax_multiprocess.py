@@ -82,7 +82,7 @@ def test_two_jax_processes_killed_and_terminated_resume_exactly_each_host_feedin
     processes[1].send_signal(signal.SIGKILL)
     printed = finish(processes, timeout=90)
     assert processes[0].returncode == 2, printed[0][-3000:]
-    said = [line for line in printed[0].splitlines() if "error:" in line]
+    said = [line for line in printed[0].splitlines() if line.startswith("tpu-pipeline train: error:")]
     assert len(said) == 1 and "a peer worker stopped or cannot be reached" in said[0], printed[0][-3000:]
     assert "start every worker again" in said[0] and "Traceback" not in printed[0], printed[0][-3000:]
     assert not os.path.exists(os.path.join(run_dir, "metrics.json"))
