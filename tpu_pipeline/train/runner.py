@@ -8,12 +8,13 @@ yet delivered, and later epochs are what they would have been.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
 from absl import logging
@@ -43,8 +44,8 @@ from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, StepTra
 from tpu_pipeline.train.framework import framework_and_cluster, is_peer_failure, peer_errors, tensorboard_callback
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
-from tpu_pipeline.train.peer_watch import PeerWatch
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
+from tpu_pipeline.train.peer_watch import PeerWatch
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
 from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
@@ -215,6 +216,18 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
                                      **({POSITION_KEY: position} if position is not None else {}),
                                      **({MIXTURE_KEY: mixture_state} if mixture_state is not None else {}))
     files = RunFiles(run_dir, cluster, checkpoint, config.train.max_checkpoints)
+
+    @contextlib.contextmanager
+    def said_in_one_line() -> Iterator[None]:
+        """A bad record, or a peer host's death, ends fit or evaluate with one line that says what to do."""
+        try:
+            yield
+        except _DATA_ERRORS as error:
+            raise _explained(config, error) from None
+        except peer_errors(cluster) as error:
+            if not is_peer_failure(error, cluster):
+                raise
+            raise _peer_stopped(error, files) from None
     latest = files.latest_checkpoint
     if store is not None:
         check_same_restore(store, cluster, run_key, latest)
@@ -305,24 +318,19 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             if held.on_jax or isinstance(dataset, tf.data.Dataset):  # Keras 3 would take a batch apart to build its metrics
                 build_for_input(model, dataset.element_spec)
             try:
-                model.fit(
-                    dataset, epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
-                    validation_data=eval_dataset, validation_steps=validation_steps,
-                    validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
-                    shuffle=False,  # the pipeline shuffles (Keras 3 warns that it ignores True for a dataset)
-                )
+                with said_in_one_line():
+                    model.fit(
+                        dataset, epochs=last_epoch, initial_epoch=epoch_now, steps_per_epoch=steps - into,
+                        validation_data=eval_dataset, validation_steps=validation_steps,
+                        validation_freq=config.train.eval_every_epochs, callbacks=callbacks, verbose=0,
+                        shuffle=False,  # the pipeline shuffles (Keras 3 warns that it ignores True for a dataset)
+                    )
             except PreemptionStop:
                 # Saved; `fit` was left before its epoch-end validation and callbacks. TensorBoard's
                 # writers are closed as `fit` would have (their last events flushed).
                 for callback in callbacks:
                     callback.on_train_end()
                 break
-            except _DATA_ERRORS as error:
-                raise _explained(config, error) from None
-            except peer_errors(cluster) as error:
-                if not is_peer_failure(error, cluster):
-                    raise
-                raise _peer_stopped(error, files) from None
             step = int(model.optimizer.iterations.numpy())
         train_seconds = time.perf_counter() - started
     history = state.history()
@@ -368,23 +376,15 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             f"{part['skipped']:,} of {part['records']:,} records in {section}" for section, part in skipped.items()
         ) + f" (by kind and file: 'skipped' in {metrics_path(run_dir)})")
     if eval_dataset is not None:
-        try:
+        with said_in_one_line():
             evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
-        except _DATA_ERRORS as error:
-            raise _explained(config, error) from None
-        except peer_errors(cluster) as error:
-            if not is_peer_failure(error, cluster):
-                raise
-            raise _peer_stopped(error, files) from None
         metrics.update(state.task.evaluation_figures(evaluation))  # eval_loss: the weighted cross-entropy
         metrics["eval_examples"] = None if config.train.eval_steps else eval_pipeline.source.count_examples()
         if config.eval_data.mixture is not None:
             def evaluate(evaluated: Config) -> dict[str, float]:
                 dataset, eval_steps, _ = exact_evaluation(evaluated)
-                try:
+                with said_in_one_line():
                     figures = model.evaluate(dataset, steps=eval_steps, verbose=0, return_dict=True)
-                except _DATA_ERRORS as error:
-                    raise _explained(config, error) from None
                 return state.task.evaluation_figures(figures)
 
             metrics["eval_by_source"] = evaluate_by_source(config, evaluate, printer)
