@@ -4,24 +4,10 @@ two calls the watch makes of jax.distributed's (tests/test_jax_multiprocess.py r
 host SIGKILLed at an epoch's end)."""
 from __future__ import annotations
 
-import threading
 import time
 
+from test_stop_agreement import MemoryStore
 from tpu_pipeline.train.peer_watch import DONE, PeerWatch
-
-
-class MemoryStore:
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-        self.lock = threading.Lock()
-
-    def put(self, key: str, value: str) -> None:
-        with self.lock:
-            self.values[key] = value
-
-    def peek(self, key: str):
-        with self.lock:
-            return self.values.get(key)
 
 
 def watch(store: MemoryStore, exits: list, me: int = 0) -> PeerWatch:

@@ -18,7 +18,8 @@ from tpu_pipeline.train.run_files import check_same_restore
 
 
 class MemoryStore:
-    """The coordination service's key-value contract: a key is set once; get waits for it."""
+    """The coordination service's key-value contract: a key is set once; get waits for it (and JAX's
+    store's put and peek)."""
 
     def __init__(self) -> None:
         self.values: dict[str, str] = {}
@@ -35,6 +36,16 @@ class MemoryStore:
     def get(self, key: str, timeout_seconds: Optional[float] = None) -> Optional[str]:
         with self.changed:
             self.changed.wait_for(lambda: key in self.values, timeout=timeout_seconds or 10)
+            return self.values.get(key)
+
+    def put(self, key: str, value: str) -> None:
+        """JAX's store also sets over a value (a process's beat: tests/test_peer_watch.py)."""
+        with self.changed:
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def peek(self, key: str) -> Optional[str]:
+        with self.changed:
             return self.values.get(key)
 
 
