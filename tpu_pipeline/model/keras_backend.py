@@ -109,15 +109,33 @@ def build_for_input(model: object, element_spec: object) -> None:
     Otherwise Keras 3's `fit` builds them from a first batch taken through an iterator of its own and then
     starts the real one: the input pipeline runs that batch twice, and a windowed pipeline's position log
     (`PositionLog`, which counts the elements taken) runs one batch ahead of the steps, so a resume would
-    repeat it. tf_keras builds lazily inside its step and needs nothing.
+    repeat it (measured on both backends: a packed run killed and resumed trained on other documents from
+    its resumed step on). A `tf.distribute` dataset's spec is per replica (`PerReplicaSpec`): one replica's
+    is the batch Keras builds from. On the TensorFlow backend the build runs in the strategy's scope
+    (`_maybe_symbolic_build`), and that method takes a batch from `fit`'s iterator even when everything is
+    built, so once built it is replaced on this model by a no-op. tf_keras builds lazily inside its step
+    and needs nothing.
     """
-    build = getattr(model, "_symbolic_build", None)
-    if build is None:
-        return
+    if getattr(model, "_symbolic_build", None) is None:
+        return  # tf_keras
     import keras
     import tensorflow as tf
 
+    in_scope = getattr(model, "_maybe_symbolic_build", None)  # Keras 3's TF trainer
+    build = in_scope or (model._symbolic_build if keras.backend.backend() == "jax" else None)  # type: ignore[attr-defined]
+    if build is None:
+        return  # a Keras 3 whose TF trainer builds another way: left to it
+
     def symbolic(spec: object) -> object:
+        replicas = getattr(spec, "_value_specs", None)  # a PerReplicaSpec: every replica's spec is alike
+        spec = replicas[0] if replicas else spec
         return keras.KerasTensor(tuple(spec.shape), spec.dtype.name) if isinstance(spec, tf.TensorSpec) else spec
 
     build(data_batch=tf.nest.map_structure(symbolic, element_spec))
+    if in_scope is not None:
+        model._maybe_symbolic_build = _built_already  # type: ignore[attr-defined]
+
+
+def _built_already(iterator: object = None, data_batch: object = None) -> None:
+    """Keras 3's TF trainer's `_maybe_symbolic_build` on a model `build_for_input` built: nothing to build,
+    and no batch to take."""

@@ -315,8 +315,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             last_epoch = epoch_now + 1 if into else epochs
             watch.new_stream()
             dataset = train_dataset(step)
-            if held.on_jax or isinstance(dataset, tf.data.Dataset):  # Keras 3 would take a batch apart to build its metrics
-                build_for_input(model, dataset.element_spec)
+            build_for_input(model, dataset.element_spec)  # Keras 3 would take a batch apart to build its metrics
             try:
                 with said_in_one_line():
                     model.fit(
