@@ -12,9 +12,10 @@ import tensorflow as tf
 from tpu_pipeline.cluster import ClusterInfo, resolve
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.framework import choose_framework
-from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.model import get_keras, tf_keras
 from tpu_pipeline.model.keras_backend import use_framework
+from tpu_pipeline.pipeline.checks.record_check import tf_message
 
 Printer = Callable[[str], None]
 
@@ -71,3 +72,10 @@ def is_peer_failure(error: BaseException, cluster: ClusterInfo) -> bool:
         return True
     text = str(error).lower()
     return any(mark in text for mark in _JAX_PEER_MARKS)
+
+
+def peer_failure(error: BaseException, latest_checkpoint: Optional[str]) -> PeerFailure:
+    """The one line of a peer host's death: what the collective said, and the command that resumes."""
+    said = tf_message(error, limit=300, marks=("aborted by", "unhealthy", "connect"))  # TF's first line says little
+    return PeerFailure(f"a peer worker stopped or cannot be reached ({said}); start every worker again with the same "
+                       f"command: the run resumes from {latest_checkpoint or 'its start (no checkpoint yet)'}")

@@ -17,18 +17,31 @@ second itself (jaxlib 0.10's client takes a callback for that, but not a Python 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
+import tensorflow as tf
+
+from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.cluster.coordination import StoreUnavailable
 
 BEAT_SECONDS = 2.0
 SILENT_SECONDS = 30.0  # well above a beat's worst delay (a busy host), well below JAX's own 100 s
 PEER_LOST_EXIT = 2
 DONE = "done"
+
+
+def watching_peers(cluster: ClusterInfo, store: Any, run_key: str, checkpoint_dir: str) -> ContextManager[Any]:
+    """A `PeerWatch` while training runs on JAX with several processes; elsewhere nothing (TensorFlow's
+    collectives raise on a dead peer themselves)."""
+    if store is None or cluster.framework != "jax":
+        return contextlib.nullcontext()
+    return PeerWatch(store, cluster.worker_id, cluster.num_workers, run_key,
+                     lambda: tf.train.latest_checkpoint(checkpoint_dir) or "its start (no checkpoint yet)")
 
 
 class PeerWatch:

@@ -24,7 +24,7 @@ from tpu_pipeline.cluster.coordination import store_for
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.config.tasks import predicts_tokens
-from tpu_pipeline.errors import ConfigError, PeerFailure
+from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabulary
 from tpu_pipeline.model import build_model, get_keras, tf_keras
 from tpu_pipeline.model.checkpointed import CheckpointedModel
@@ -41,11 +41,12 @@ from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import Cadence, TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, StepTracker, TrainState
-from tpu_pipeline.train.framework import framework_and_cluster, is_peer_failure, peer_errors, tensorboard_callback
+from tpu_pipeline.train.framework import (framework_and_cluster, is_peer_failure, peer_errors, peer_failure,
+                                          tensorboard_callback)
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
 from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
-from tpu_pipeline.train.peer_watch import PeerWatch
+from tpu_pipeline.train.peer_watch import watching_peers
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
 from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
@@ -137,13 +138,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
         printer(line)
     run_key = f"run{next(_RUN_KEYS)}"
     store = store_for(cluster.framework) if cluster.num_workers > 1 else None
-    if store is None or cluster.framework != "jax":
-        return _train(config, cluster, printer, model_fn, saves, run_key, store)
-    # JAX: a peer that dies while this host waits outside a connected collective would be noticed by JAX
-    # only after 100 s, with its fatal abort (train/peer_watch.py).
-    checkpoints = os.path.join(run_dir, "checkpoints")
-    with PeerWatch(store, cluster.worker_id, cluster.num_workers, run_key,
-                   lambda: tf.train.latest_checkpoint(checkpoints) or "its start (no checkpoint yet)"):
+    with watching_peers(cluster, store, run_key, os.path.join(run_dir, "checkpoints")):  # on JAX
         return _train(config, cluster, printer, model_fn, saves, run_key, store)
 
 
@@ -227,7 +222,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
         except peer_errors(cluster) as error:
             if not is_peer_failure(error, cluster):
                 raise
-            raise _peer_stopped(error, files) from None
+            raise peer_failure(error, files.latest_checkpoint) from None
     latest = files.latest_checkpoint
     if store is not None:
         check_same_restore(store, cluster, run_key, latest)
@@ -442,13 +437,6 @@ def _explained(config: Config, error: Exception) -> Exception:
         if named is not None:
             return named
     return error
-
-
-def _peer_stopped(error: Exception, files: RunFiles) -> PeerFailure:
-    """The one line of a peer host's death: what the collective said, and the command that resumes."""
-    said = tf_message(error, limit=300, marks=("aborted by", "unhealthy", "connect"))  # TF's first line says little
-    return PeerFailure(f"a peer worker stopped or cannot be reached ({said}); start every worker again with the same "
-                       f"command: the run resumes from {files.latest_checkpoint or 'its start (no checkpoint yet)'}")
 
 
 def _worker_printer(printer: Printer, worker_id: int) -> Printer:
