@@ -22,9 +22,16 @@ from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
 PREFIX = "tpu-pipeline {}: interrupted (Ctrl-C): "
 
 
+# `python -m tpu_pipeline.cli` as a terminal starts it: SIGINT raising KeyboardInterrupt. A test run started
+# in the background of a shell without job control (`bash .ci/run &` in a script) ignores SIGINT, a child
+# inherits that, and Python leaves an ignored SIGINT ignored: Ctrl-C would never reach the command.
+AS_FROM_A_TERMINAL = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "runpy.run_module('tpu_pipeline.cli', run_name='__main__', alter_sys=True)")
+
+
 def start(command: str, args: list[str], log_path, env: dict | None = None) -> subprocess.Popen:
     log = open(log_path, "w")
-    return subprocess.Popen([sys.executable, "-m", "tpu_pipeline.cli", command, *args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, command, *args], cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stdout=log,
                             stderr=subprocess.STDOUT)
 
