@@ -74,8 +74,10 @@ def is_peer_failure(error: BaseException, cluster: ClusterInfo) -> bool:
     return any(mark in text for mark in _JAX_PEER_MARKS)
 
 
-def peer_failure(error: BaseException, latest_checkpoint: Optional[str]) -> PeerFailure:
-    """The one line of a peer host's death: what the collective said, and the command that resumes."""
-    said = tf_message(error, limit=300, marks=("aborted by", "unhealthy", "connect"))  # TF's first line says little
+def peer_failure(cause: BaseException | str, latest_checkpoint: Optional[str]) -> PeerFailure:
+    """The one line of a peer host's death: what the collective said (or what `PeerWatch` saw), and the
+    command that resumes."""
+    said = (cause if isinstance(cause, str) else  # TF's first line says little
+            tf_message(cause, limit=300, marks=("aborted by", "unhealthy", "connect")))
     return PeerFailure(f"a peer worker stopped or cannot be reached ({said}); start every worker again with the same "
                        f"command: the run resumes from {latest_checkpoint or 'its start (no checkpoint yet)'}")

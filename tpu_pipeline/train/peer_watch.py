@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.cluster.coordination import StoreUnavailable
+from tpu_pipeline.train.framework import peer_failure
 
 BEAT_SECONDS = 2.0
 SILENT_SECONDS = 30.0  # well above a beat's worst delay (a busy host), well below JAX's own 100 s
@@ -41,18 +42,19 @@ def watching_peers(cluster: ClusterInfo, store: Any, run_key: str, checkpoint_di
     if store is None or cluster.framework != "jax":
         return contextlib.nullcontext()
     return PeerWatch(store, cluster.worker_id, cluster.num_workers, run_key,
-                     lambda: tf.train.latest_checkpoint(checkpoint_dir) or "its start (no checkpoint yet)")
+                     lambda: tf.train.latest_checkpoint(checkpoint_dir))
 
 
 class PeerWatch:
     """Beats for this process and watches the others' beats while training runs (a context manager)."""
 
-    def __init__(self, store: Any, worker_id: int, num_workers: int, run_key: str, resume_from: Callable[[], str],
+    def __init__(self, store: Any, worker_id: int, num_workers: int, run_key: str,
+                 latest_checkpoint: Callable[[], Optional[str]],
                  *, beat_seconds: float = BEAT_SECONDS, silent_seconds: float = SILENT_SECONDS,
                  exit: Callable[[int], None] = os._exit) -> None:
         self._store, self._me, self._run_key = store, worker_id, run_key
         self._peers = [worker for worker in range(num_workers) if worker != worker_id]
-        self._resume_from = resume_from
+        self._latest_checkpoint = latest_checkpoint
         self._beat_seconds, self._silent_seconds = beat_seconds, silent_seconds
         self._exit = exit
         self._stop = threading.Event()
@@ -100,7 +102,6 @@ class PeerWatch:
 
     def _end(self, peer: int, silent: float) -> None:
         sys.stdout.flush()
-        print(f"tpu-pipeline train: error: a peer worker stopped or cannot be reached (worker {peer} has not been "
-              f"heard from for {silent:.0f} s); start every worker again with the same command: the run resumes "
-              f"from {self._resume_from()}", file=sys.stderr, flush=True)
+        line = peer_failure(f"worker {peer} has not been heard from for {silent:.0f} s", self._latest_checkpoint())
+        print(f"tpu-pipeline train: error: {line}", file=sys.stderr, flush=True)
         self._exit(PEER_LOST_EXIT)
