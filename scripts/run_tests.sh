@@ -2,13 +2,17 @@
 # Sets everything up, then runs the whole test suite (CPU only; 8 logical CPU replicas).
 #
 #   bash scripts/run_tests.sh [pytest args]         in .venv: the registry's TensorFlow (2.21)
-#   bash scripts/run_tests.sh --tpu [pytest args]   in .venv-tpu: the TPU TensorFlow (2.19.1, docs/tpu.md)
+#   bash scripts/run_tests.sh --tpu [pytest args]   in .venv-tpu: the TPU TensorFlow (2.19.1, docs/tpu.md),
+#                                                   the tests marked tf_builds only (tests/suite_rule.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
+RULE=()
 if [ "${1:-}" = "--tpu" ]; then
   shift
   VENV=.venv-tpu
+  # What no TensorFlow build can change ran once already, under the registry's TensorFlow (docs/testing.md).
+  RULE=(--tf-builds-only)
   bash scripts/setup_env.sh --tpu
 else
   bash scripts/setup_env.sh
@@ -16,4 +20,4 @@ fi
 # Two worker processes (pytest-xdist): the tests not marked slow run together on one, in order, while
 # the slow ones (child processes the test mostly waits on) run one by one on whichever is free
 # (tests/conftest.py groups them). TEST_WORKERS=0 runs everything in this one process.
-exec "$VENV/bin/python" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec "$VENV/bin/python" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup "${RULE[@]}" "$@"

@@ -19,7 +19,10 @@ import tensorflow as tf  # noqa: E402
 
 NUM_LOGICAL_CPUS = 8
 
-pytest_plugins = ["pytester"]  # tests/test_testing_plugin.py runs a user's test session
+pytest_plugins = [
+    "pytester",  # tests/test_testing_plugin.py runs a user's test session
+    "suite_rule",  # which tests run under which TensorFlow (tests/suite_rule.py, docs/testing.md)
+]
 
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(

@@ -13,6 +13,8 @@ from tpu_pipeline.pipeline import Pipeline
 
 from helpers import small_config, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 
 @pytest.fixture
 def shards(tmp_path):

@@ -11,6 +11,8 @@ from tpu_pipeline.pipeline import Pipeline
 
 from helpers import plan_of, small_config, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 N = 3000
 
 

@@ -22,6 +22,8 @@ from tpu_pipeline.pipeline.stages import cache_key
 
 from tpu_pipeline.records.writer import int_feature
 
+pytestmark = pytest.mark.tf_builds
+
 N_TRAIN, N_VALIDATION = 410, 102
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

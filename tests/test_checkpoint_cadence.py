@@ -19,6 +19,8 @@ from tpu_pipeline.train.run_files import RunFiles
 
 from test_text_lm import converted, lm_config
 
+pytestmark = pytest.mark.tf_builds
+
 
 def test_step_checkpoints_are_on_by_default_by_time_on_one_process():
     assert TrainConfig().checkpoint_every_seconds == "auto"

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from tpu_pipeline.pipeline.sequences.chunking import CHUNK, EXAMPLE, chunk_stream, compact, from_parts, spans, window_stream
 
+pytestmark = pytest.mark.tf_builds
+
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LENGTHS = {"inputs": 4, "targets": 3}
 

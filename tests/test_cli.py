@@ -6,6 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.tf_independent
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

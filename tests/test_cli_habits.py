@@ -13,6 +13,8 @@ from jax_child import requires_jax
 from tpu_pipeline.config import load_config
 from tpu_pipeline.config.loader import params_override, suggest_config_key
 
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -24,6 +24,8 @@ from tpu_pipeline.config.base import validate
 from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.errors import ClusterError, ConfigError
 
+pytestmark = pytest.mark.tf_builds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

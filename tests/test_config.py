@@ -11,6 +11,8 @@ from tpu_pipeline.ops import build_ops, check_ops, scoped_ops
 
 from helpers import data_config
 
+pytestmark = pytest.mark.tf_independent
+
 
 def check_error(raw: dict, *fragments: str) -> str:
     with pytest.raises(ConfigError) as error:

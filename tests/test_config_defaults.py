@@ -16,6 +16,8 @@ from tpu_pipeline.errors import ConfigError
 
 from test_text_lm import converted, lm_config
 
+pytestmark = pytest.mark.tf_independent
+
 TEXT_LM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "text_lm.yaml")
 
 PACK = {"inputs": ["inputs", "inputs_segment_ids", "inputs_positions"], "targets": "targets",

@@ -9,6 +9,8 @@ import pytest
 from tpu_pipeline.config import load_config
 from tpu_pipeline.errors import ConfigError
 
+pytestmark = pytest.mark.tf_independent
+
 TEXT_LM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "text_lm.yaml")
 PYDANTIC_WORDS = ("constrained-", "literal[", "dict[str", "list[str]", "Input should", "Value error", "function-")
 

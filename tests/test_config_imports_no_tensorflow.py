@@ -7,6 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HEAVY_MODULES = ("tensorflow", "keras", "tf_keras", "tensorflow_datasets")

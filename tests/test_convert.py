@@ -27,6 +27,8 @@ from tpu_pipeline.records.image_folder import ImageFolderSource
 from tpu_pipeline.records.numpy_input import NumpySource
 from tpu_pipeline.records.sharding import split_fractions
 
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ("cat", "dog", "emu")
 FAST = dict(progress=False, workers=2)

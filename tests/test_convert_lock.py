@@ -26,6 +26,8 @@ from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
 from tpu_pipeline.records.image_folder import ImageFolderSource
 from tpu_pipeline.records.out_lock import LOCK_FILE, out_lock
 
+pytestmark = pytest.mark.tf_independent
+
 MANY_SHARDS = dict(target_shard_mb=0.001, min_shards=1)  # one image per shard: many shard boundaries
 
 

@@ -19,6 +19,8 @@ import tensorflow as tf
 
 import datasets  # noqa: E402  (the test extra installs it: it writes the fixtures; missing is a failure)
 
+pytestmark = pytest.mark.tf_independent
+
 datasets.disable_progress_bars()
 
 from tpu_pipeline.errors import ConfigError, DataError  # noqa: E402

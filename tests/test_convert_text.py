@@ -29,6 +29,8 @@ from tpu_pipeline.records.convert import STATE_DIR
 
 from helpers import kill_convert_after_shards
 
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = dict(progress=False, workers=2)
 DOCUMENTS = {

@@ -39,6 +39,8 @@ import sys
 import pytest
 import yaml
 
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
 NOT_RUN = re.compile(r"^<!-- not run: (\S.*?) -->$")

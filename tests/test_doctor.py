@@ -20,6 +20,8 @@ from tpu_pipeline.ops import register_op, scoped_ops
 
 from helpers import plan_of, run_together, small_config, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -22,6 +22,8 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.runtime.stall_probe import where_stuck
 
+pytestmark = pytest.mark.tf_builds
+
 
 def build(config: dict, prefix: str = "data") -> Pipeline:
     return Pipeline.from_config(validate(DataConfig, config, prefix=prefix), prefix=prefix)

@@ -23,7 +23,7 @@ import yaml
 from helpers import run_together
 from tpu_pipeline.records import ensure_demo_dataset
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.tf_builds, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

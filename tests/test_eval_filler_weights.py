@@ -20,6 +20,8 @@ from tpu_pipeline.records import read_metadata
 
 from test_text_lm import converted, lm_config
 
+pytestmark = pytest.mark.tf_builds
+
 PIPELINES, REPLICAS = 2, 4
 
 

@@ -11,6 +11,8 @@ from tpu_pipeline.pipeline import Pipeline
 
 from helpers import small_config, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 
 def eval_pipeline(files: str, batch_size: int) -> Pipeline:
     data = small_config(files, batch_size=batch_size, drop_remainder=True, shuffle={"enabled": False},

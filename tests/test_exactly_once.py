@@ -20,6 +20,8 @@ from tpu_pipeline.pipeline import Pipeline, choose_sharding
 
 from helpers import plan_of, write_jpeg_shards, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 EPOCHS = 3
 NUM_EXAMPLES = {"per_example": 128, "batched": 840}  # batched, 3 files: 6 blocks of up to 256 records
 

@@ -29,6 +29,8 @@ from tpu_pipeline.train.callbacks import ProgressLogger
 
 from helpers import run_together
 
+pytestmark = pytest.mark.tf_builds
+
 BATCH, LENGTH, REAL = 4, 8, 5  # every batch: 4 rows of 8 slots, 5 real tokens per row
 STEPS, EPOCHS, VALIDATION_SLEEP = 5, 3, 0.1
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

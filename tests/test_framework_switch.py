@@ -7,6 +7,8 @@ from tpu_pipeline.config.framework import choose_framework
 from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.errors import ClusterError, ConfigError
 
+pytestmark = pytest.mark.tf_independent
+
 
 @pytest.mark.parametrize("section, env, framework, keras", [
     ({}, {}, "tensorflow", "tf_keras"),

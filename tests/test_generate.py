@@ -13,6 +13,8 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model.generate import generate
 
+pytestmark = pytest.mark.tf_builds
+
 VOCAB = 50
 
 

@@ -13,9 +13,12 @@ import os
 import re
 import shlex
 
+import pytest
 import yaml
 
 from tpu_pipeline.config.identity import IDENTITY_KEYS
+
+pytestmark = pytest.mark.tf_independent
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(REPO, "README.md")] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))

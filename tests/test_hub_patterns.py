@@ -15,6 +15,8 @@ import pytest
 from tpu_pipeline.errors import DataError
 from tpu_pipeline.records.tables.hub_layout import _glob, _walk, find_parquet
 
+pytestmark = pytest.mark.tf_independent
+
 TREE = ["main-a.parquet", "main-b.parquet", "_part.parquet", ".hidden.parquet", "extra/train-00000-of-00001.parquet",
         "extra/sub/deep.parquet", "data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet",
         "data/test-00000-of-00001.parquet", "_under/u.parquet", ".cache/c.parquet", "__special/s.parquet",

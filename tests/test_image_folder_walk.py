@@ -14,6 +14,8 @@ from tpu_pipeline.records.image_folder import ImageFolderSource
 
 from test_convert import FAST, make_image_folder
 
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -19,6 +19,8 @@ from test_convert import REPO, make_image_folder
 from tpu_pipeline.records import read_metadata
 from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
 
+pytestmark = pytest.mark.tf_independent
+
 PREFIX = "tpu-pipeline {}: interrupted (Ctrl-C): "
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from jax_child import requires_jax, run_jax
 
-pytestmark = requires_jax
+pytestmark = [pytest.mark.tf_builds, requires_jax]
 
 
 def test_the_trainer_gets_our_batches_as_views_placed_without_a_copy():

@@ -19,7 +19,7 @@ from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.model import build_network, tf_keras
 from tpu_pipeline.model.generate import generate
 
-pytestmark = requires_jax
+pytestmark = [pytest.mark.tf_builds, requires_jax]
 
 VOCAB = 50
 LENGTH = 16

@@ -22,7 +22,7 @@ from test_jax_train import _env
 from test_multiworker import agreed_sigterm_step, finish, free_ports, wait_for_step
 from test_preemption import CHILD, REPO, assert_exact_epochs, max_step, read_log, train_config
 
-pytestmark = [pytest.mark.slow, requires_jax]
+pytestmark = [pytest.mark.tf_builds, pytest.mark.slow, requires_jax]
 
 EPOCHS, STEPS_PER_EPOCH, NUM, HOSTS, DEVICES = 3, 8, 512, 2, 8
 

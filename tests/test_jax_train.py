@@ -19,7 +19,7 @@ import pytest
 from jax_child import jax_env, requires_jax
 from test_preemption import CHILD, REPO, assert_exact_epochs, interrupt, max_step, read_log, train_config
 
-pytestmark = [pytest.mark.slow, requires_jax]
+pytestmark = [pytest.mark.tf_builds, pytest.mark.slow, requires_jax]
 
 
 def _env(**extra: str) -> dict:

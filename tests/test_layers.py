@@ -13,6 +13,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), "lint-imports")
 

@@ -18,6 +18,8 @@ from tpu_pipeline.format.tokenizer import load_tokenizer
 from tpu_pipeline.records import ConvertOptions, convert
 from tpu_pipeline.records.text_input import LONG_DOCUMENT_TOKENS, TextSource
 
+pytestmark = pytest.mark.tf_builds
+
 LONG = [LONG_DOCUMENT_TOKENS + 10, 2 * LONG_DOCUMENT_TOKENS, LONG_DOCUMENT_TOKENS]  # bytes; +1 EOS each
 
 

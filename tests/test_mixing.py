@@ -23,6 +23,8 @@ from tpu_pipeline.pipeline.sources.base import ReadOptions
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords
 
+pytestmark = pytest.mark.tf_builds
+
 SMALL_BLOCK = 64  # a small block, so the properties cross many blocks in a short replay
 
 weights_strategy = st.lists(st.integers(0, 20), min_size=1, max_size=5).filter(lambda w: sum(w) > 0)

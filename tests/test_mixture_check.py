@@ -20,6 +20,8 @@ from tpu_pipeline.pipeline.mixtures.mixture_check import check_mixture_length, c
 from tpu_pipeline.records.writer import write_split
 from tpu_pipeline.testing.data import write_tfrecords
 
+pytestmark = pytest.mark.tf_builds
+
 COUNTS = {"web": 50, "code": 30, "books": 20}
 
 

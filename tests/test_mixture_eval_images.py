@@ -14,6 +14,8 @@ from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.core.element_keys import RECORDS_KEY
 from tpu_pipeline.records.writer import bytes_feature, int_feature, write_split
 
+pytestmark = pytest.mark.tf_builds
+
 COUNTS = {"web": 50, "code": 30, "books": 20}
 FIRST = {"web": 1000, "code": 2000, "books": 3000}  # document d of a source starts with token FIRST + d
 OFFSET = 100_000  # image sources: source s's record i has id s * OFFSET + i

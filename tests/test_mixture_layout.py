@@ -22,6 +22,8 @@ from tpu_pipeline.pipeline.sources.base import ReadOptions
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords
 
+pytestmark = pytest.mark.tf_builds
+
 LIMIT = 4096 + 300  # past the first block, so a block boundary is crossed
 
 

@@ -25,6 +25,8 @@ from tpu_pipeline.pipeline.sources.base import ReadOptions
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.testing.data import write_tfrecords
 
+pytestmark = pytest.mark.tf_builds
+
 LIMIT = 3000  # several epochs of every source
 
 

@@ -19,6 +19,8 @@ from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.mixtures.share_meter import source_counts
 from tpu_pipeline.records.writer import write_split
 
+pytestmark = pytest.mark.tf_builds
+
 NAMES = ("web", "code", "books")
 DOCUMENTS = {"web": 120, "code": 80, "books": 60}
 WEIGHTS = (0.5, 0.3, 0.2)

@@ -18,6 +18,8 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.records.writer import write_split
 
+pytestmark = pytest.mark.tf_builds
+
 SOURCES = {"web": 90, "code": 60, "books": 40}  # documents per source
 FIRST_ID = {"web": 1000, "code": 2000, "books": 3000}  # document d of a source starts with token FIRST_ID + d
 

@@ -28,6 +28,8 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.records.writer import write_split
 
+pytestmark = pytest.mark.tf_builds
+
 SOURCES = {"web": 90, "code": 60, "books": 40}  # documents per source
 FIRST_ID = {"web": 1000, "code": 2000, "books": 3000}
 WEIGHTS = [(0.5, 0.3, 0.2), (0.1, 0.1, 0.8), (0.6, 0.3, 0.1), (0.2, 0.5, 0.3)]  # one segment each

@@ -14,6 +14,8 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.records.writer import write_split
 
+pytestmark = pytest.mark.tf_builds
+
 COUNTS = {"web": 60, "code": 40, "books": 28}  # 128: whole batches of 8
 FIRST = {"web": 1000, "code": 2000, "books": 3000}  # a source's token ids: FIRST + 0..999
 TRUNCATED = 24  # books' own op cuts its documents to this

@@ -25,6 +25,8 @@ from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.mixtures.schedule import block_quotas
 from tpu_pipeline.records.writer import int_feature, write_split
 
+pytestmark = pytest.mark.tf_builds
+
 SOURCES = {"web": 768, "code": 512, "books": 256}  # records per source
 WEIGHTS = (0.5, 0.3, 0.2)
 OFFSET = 100_000  # source s's record i has id s * OFFSET + i

@@ -22,7 +22,7 @@ import pytest
 from tpu_pipeline.records.convert import ConvertOptions, convert
 from tpu_pipeline.records.text_input import TextSource
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.tf_builds, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -24,6 +24,8 @@ from tpu_pipeline.model import (
 )
 from tpu_pipeline.model.schedules import schedule_steps, warmup_note
 
+pytestmark = pytest.mark.tf_builds
+
 
 def config(**data) -> ModelConfig:
     return ModelConfig.from_dict(data)

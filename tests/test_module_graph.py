@@ -11,6 +11,10 @@ from __future__ import annotations
 import ast
 import os
 
+import pytest
+
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "tpu_pipeline"
 MAX_LINES = 450

@@ -22,7 +22,7 @@ import pytest
 
 from test_preemption import CHILD, ENV, REPO, assert_exact_epochs, max_step, read_log, train_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.tf_builds, pytest.mark.slow]
 
 EPOCHS, STEPS_PER_EPOCH, NUM = 3, 8, 512  # 512 examples, global batch 64
 

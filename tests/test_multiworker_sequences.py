@@ -29,7 +29,7 @@ from test_multiworker import finish, free_ports, wait_for_step
 from test_preemption import CHILD, ENV, REPO, max_step
 from test_text_lm import converted, lm_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.tf_builds, pytest.mark.slow]
 
 EPOCHS, STEPS_PER_EPOCH = 3, 6
 Log = dict[tuple[int, int], list[int]]

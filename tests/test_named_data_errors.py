@@ -24,6 +24,8 @@ from tpu_pipeline.records.writer import bytes_feature, int_feature
 
 from helpers import jpeg_examples
 
+pytestmark = pytest.mark.tf_builds
+
 SHARDS, PER_SHARD, BAD_SHARD, BAD_RECORD = 2, 16, 1, 5
 GLOBAL_BATCH = 8  # one example per replica of the 8-replica strategy
 FIXES = {

@@ -23,6 +23,8 @@ from nbclient import NotebookClient
 from jax_child import jax_installed
 from tpu_pipeline.tensorflow_install import TESTED_LIBTPU, TESTED_TPU_TENSORFLOW
 
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ("quickstart.ipynb", "pipeline_tuning.ipynb", "text_lm.ipynb")
 INSTALL_CALL = "install_tpu_pipeline(TPU_PIPELINE_SOURCE)"

@@ -16,6 +16,8 @@ from tpu_pipeline.ops import build_ops, check_ops, get_op, keyed, register_op, r
 
 from helpers import data_config
 
+pytestmark = pytest.mark.tf_builds
+
 
 def op(name: str, **kwargs):
     return get_op(name).build(kwargs)

@@ -10,6 +10,8 @@ from tpu_pipeline.config.data import OptionsConfig
 from tpu_pipeline.pipeline import ArraySource, Batch, Cache, MapFeatures, Pipeline, Prefetch, Repeat, Shuffle, make_options
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 
+pytestmark = pytest.mark.tf_builds
+
 
 def test_options_map_to_current_tf_data_names():
     options = make_options(OptionsConfig(

@@ -16,6 +16,8 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.sequences.packing import ALGORITHMS, Packer, pack_window
 from tpu_pipeline.pipeline.stages.base import StageContext
 
+pytestmark = pytest.mark.tf_builds
+
 KEYS = ("inputs", "targets", "extra")
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from test_stop_agreement import MemoryStore
 from tpu_pipeline.train.peer_watch import DONE, PeerWatch
+
+pytestmark = pytest.mark.tf_independent
 
 
 def watch(store: MemoryStore, exits: list, me: int = 0) -> PeerWatch:

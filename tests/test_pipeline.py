@@ -15,6 +15,8 @@ from tpu_pipeline.pipeline.checks.tpu_check import TPU_DTYPES, tpu_problems
 
 from helpers import data_config, jpeg_examples, write_jpeg_shards
 
+pytestmark = pytest.mark.tf_builds
+
 
 def pipeline_for(files: str, target: str = "cpu", **overrides) -> Pipeline:
     config = config_from_dict({"data": data_config(files, **overrides)}).data

@@ -28,6 +28,8 @@ from tpu_pipeline.pipeline.stages.roles import split_by_roles
 from tpu_pipeline.pipeline.stages.service_split import ServiceSplit
 from tpu_pipeline.pipeline.stages.shuffles import Shuffle, WindowShuffle
 
+pytestmark = pytest.mark.tf_builds
+
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tpu_pipeline"
 OWNER = "pipeline/stages/roles.py"  # the one module that may split stages by what they are
 

@@ -16,6 +16,8 @@ from tpu_pipeline.pipeline import ArraySource, Pipeline, Plan
 
 from helpers import plan_of, small_config, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "tpu_pipeline")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.tf_builds
+
 USER_TEST = '''
 import logging
 import os

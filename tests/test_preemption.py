@@ -19,7 +19,7 @@ import pytest
 
 from helpers import write_jpeg_shards, write_small_shards
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.tf_builds, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

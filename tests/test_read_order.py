@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from tpu_pipeline.pipeline.sources.read_order import epoch_indices
 
+pytestmark = pytest.mark.tf_builds
+
 
 def interleaved(firsts, takes, record_block, cycle, block_length, parallel):
     """What Dataset.interleave yields over the runs, each read in blocks of `record_block` indices."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 import pydantic
 
 from tpu_pipeline.config.cluster import ClusterConfig
@@ -12,6 +13,8 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.config.train import TrainConfig
 from tpu_pipeline.ops import registered_ops
+
+pytestmark = pytest.mark.tf_independent
 
 CONFIG_REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config.md")
 

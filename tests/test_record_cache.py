@@ -21,6 +21,8 @@ from tpu_pipeline.records.writer import write_split
 
 from helpers import data_config, jpeg_examples, plan_of, small_config, write_jpeg_shards, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 N_IMAGES = 120
 
 

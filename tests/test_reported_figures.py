@@ -20,6 +20,8 @@ from tpu_pipeline.records import read_metadata
 
 from test_text_lm import converted, lm_config
 
+pytestmark = pytest.mark.tf_builds
+
 BYTE_OFFSET = 3  # the byte tokenizer's id of byte 0; ids 0, 1, 2 are pad, EOS, UNK
 VOCAB = 259
 LENGTH = 16

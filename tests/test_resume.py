@@ -14,6 +14,8 @@ from tpu_pipeline.pipeline import Pipeline
 
 from helpers import write_jpeg_shards, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 EPOCHS = 3
 
 

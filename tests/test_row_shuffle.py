@@ -24,6 +24,8 @@ from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.records.writer import write_split
 
+pytestmark = pytest.mark.tf_builds
+
 DOCUMENTS = 16  # distinct documents; the corpus holds each twice (the copy right after the originals)
 WINDOW, POOL, LENGTH = 8, 2, 16
 

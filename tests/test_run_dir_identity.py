@@ -15,6 +15,8 @@ from tpu_pipeline.config import config_from_dict, load_config
 from tpu_pipeline.config.identity import differences, run_identity
 from tpu_pipeline.errors import ConfigError
 
+pytestmark = pytest.mark.tf_independent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_CONFIG = os.path.join(REPO, "configs", "demo.yaml")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}

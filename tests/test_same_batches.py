@@ -34,6 +34,8 @@ from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.testing import write_tfrecords
 
+pytestmark = pytest.mark.tf_builds
+
 # major.minor of the TensorFlows that give EXPECTED: recorded with 2.21; the TPU build 2.19.1 (.venv-tpu, whose
 # packer places rows without XLA) gives the same bytes, so a run resumed across the two continues exactly.
 RECORDED_TF_VERSIONS = ("2.21", "2.19")

@@ -18,6 +18,8 @@ from tpu_pipeline.records.writer import int_feature, write_split
 
 from helpers import plan_of
 
+pytestmark = pytest.mark.tf_builds
+
 NUM_FILES = 6
 
 

@@ -26,6 +26,8 @@ from tpu_pipeline.pipeline.sequences.token_count import (
 )
 from tpu_pipeline.records.writer import int_feature, write_split
 
+pytestmark = pytest.mark.tf_builds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LENGTH = 64
 NUM_EXAMPLES = 240

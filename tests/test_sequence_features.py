@@ -23,6 +23,8 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import build_ops, get_op
 from tpu_pipeline.pipeline import Pipeline, make_parser, tpu_problems
 
+pytestmark = pytest.mark.tf_builds
+
 ROWS = [[0, 5, 0, 7], [], [9], [0], [1, 2, 3, 4, 5, 6], [0, 0, 0]]  # ids 0 kept, an empty and a length-1 row
 TEXTS = ["héllo wörld", "", "日本語 ✓ 🙂", "a"]
 

@@ -6,8 +6,12 @@ import pathlib
 import re
 import typing
 
+import pytest
+
 from tpu_pipeline.config.sequence import SequenceConfig
 from tpu_pipeline.pipeline.sequences.modes.registry import MODES, sequence_mode
+
+pytestmark = pytest.mark.tf_independent
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tpu_pipeline"
 # A comparison with a mode's name: `== "pack"`, `!= 'bucket'`, `in ("pad", ...)`.

@@ -38,6 +38,8 @@ from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS
 
 from sequence_child import TOKEN_BASE, segment_ids, tokens_of
 
+pytestmark = pytest.mark.tf_builds
+
 NUM = 302  # 151 a pipeline of 2: odd, so a per-replica batch of 2 leaves one example over on each
 LENGTH = 64
 WINDOW = 32

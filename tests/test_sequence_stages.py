@@ -10,6 +10,8 @@ from tpu_pipeline.pipeline.core.resume_position import split_position
 from tpu_pipeline.pipeline.sequences.sequence_stages import Bucket, PadTo, bucket_batches
 from tpu_pipeline.pipeline.stages.base import StageContext
 
+pytestmark = pytest.mark.tf_builds
+
 
 def token_dataset(lengths) -> tf.data.Dataset:
     """Example i: `lengths[i]` ids (i, i+1, ...) mod 50, so token 0 occurs at real positions."""

@@ -19,6 +19,8 @@ from tpu_pipeline.model import tf_keras
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.records.writer import int_feature, write_split
 
+pytestmark = pytest.mark.tf_builds
+
 VOCAB = 50
 
 

@@ -26,7 +26,7 @@ import pytest
 from helpers import data_config, write_jpeg_shards
 from test_multiworker import free_ports
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.tf_builds, pytest.mark.slow]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(REPO, "tests", "service_child.py")

@@ -12,6 +12,8 @@ from tpu_pipeline.pipeline.stages.outputs import ToOutputs
 from tpu_pipeline.pipeline.stages.prefetch import Prefetch
 from tpu_pipeline.pipeline.stages.service_split import ServiceSplit
 
+pytestmark = pytest.mark.tf_builds
+
 REMOTE = "grpc://10.0.0.2:5050"  # never contacted: these tests stop before any dataset is read
 
 

@@ -21,6 +21,8 @@ from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.service.servers import start_dispatcher, start_worker
 
+pytestmark = pytest.mark.tf_builds
+
 NUM, SHARDS = 256, 8
 
 

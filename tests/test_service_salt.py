@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+import pytest
+
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.pipeline import Pipeline
 
 from helpers import small_config, write_small_shards
+
+pytestmark = pytest.mark.tf_builds
 
 RUNS = 4
 

@@ -7,6 +7,7 @@ import collections
 import os
 import tempfile
 
+import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.records.writer import int_feature
+
+pytestmark = pytest.mark.tf_builds
 
 EPOCHS = 2
 

@@ -19,6 +19,8 @@ from tpu_pipeline.pipeline import Pipeline
 from helpers import small_examples
 from test_bad_data import dataset_dir, planted, verify_config  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.tf_builds
+
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):

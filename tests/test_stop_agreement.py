@@ -16,6 +16,8 @@ from tpu_pipeline.errors import ClusterError
 from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import check_same_restore
 
+pytestmark = pytest.mark.tf_builds
+
 
 class MemoryStore:
     """The coordination service's key-value contract: a key is set once; get waits for it (and JAX's

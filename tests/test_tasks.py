@@ -31,6 +31,8 @@ from tpu_pipeline.model import tasks
 from tpu_pipeline.train.runner import num_classes
 from tpu_pipeline.verify import config_vocabulary, verify_data
 
+pytestmark = pytest.mark.tf_builds
+
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tpu_pipeline")
 TOKENIZER = 259  # the dataset's tokenizer (byte-level), ids 0..258
 

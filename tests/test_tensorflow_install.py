@@ -11,6 +11,8 @@ import tensorflow as tf
 from tpu_pipeline import tensorflow_install as install_lib
 from tpu_pipeline.tensorflow_install import TensorFlowInstall
 
+pytestmark = pytest.mark.tf_builds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_IMPORTED: dict = {}  # `modules` for prepare_tensorflow_import: TensorFlow not imported yet
 

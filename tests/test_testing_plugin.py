@@ -11,6 +11,8 @@ from tpu_pipeline.config import config_from_dict
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.testing import assert_exactly_once, write_tfrecords
 
+pytestmark = pytest.mark.tf_builds
+
 GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "testing.md")
 
 

@@ -23,6 +23,8 @@ from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.records.convert import ConvertOptions, convert
 from tpu_pipeline.records.text_input import TextSource
 
+pytestmark = pytest.mark.tf_builds
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 WORDS = "the of a TPU packs rows tokens and into attention segment model data pipeline resume exact".split()

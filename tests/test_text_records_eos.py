@@ -15,6 +15,8 @@ from tpu_pipeline.records import ConvertOptions, TextSource, convert, read_metad
 
 from test_convert_text import read_ids, train_spm, write
 
+pytestmark = pytest.mark.tf_independent
+
 TEXTS = ["the cat sat on the mat", "unseen words: Zürich 😀 日本 and  two  spaces ", "the owl ran to the café 7",
          "a", "the yak and the emu ran to the mat and sat on the cat", "dog " * 40]
 

@@ -18,6 +18,8 @@ from tpu_pipeline.format import dir_features
 from tpu_pipeline.records import ConvertOptions, convert
 from tpu_pipeline.records.tfds_reader import TFDSConvertSource
 
+pytestmark = pytest.mark.tf_builds
+
 NAMES = ["circle", "square", "triangle"]
 
 

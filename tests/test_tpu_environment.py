@@ -17,6 +17,8 @@ import pytest
 
 from tpu_pipeline import tensorflow_install
 
+pytestmark = pytest.mark.tf_builds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INSTALL = tensorflow_install.installed()
 tpu_only = pytest.mark.skipif(not INSTALL.is_tpu_distribution, reason="runs in .venv-tpu (bash scripts/run_tests.sh --tpu)")

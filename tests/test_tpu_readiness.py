@@ -42,6 +42,8 @@ from tpu_pipeline.train.runner import _training_data
 from test_convert import FAST, make_image_folder
 from test_text_lm import write_corpus
 
+pytestmark = pytest.mark.tf_builds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")
 REPLICAS = 8

@@ -18,6 +18,8 @@ from tpu_pipeline.config import load_config
 from tpu_pipeline.config.cluster import ClusterConfig
 from tpu_pipeline.records import ensure_demo_dataset
 
+pytestmark = pytest.mark.tf_builds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_CONFIG = os.path.join(REPO, "configs", "demo.yaml")
 

@@ -14,6 +14,8 @@ from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model import build_network, get_keras, global_policy, tf_keras
 
+pytestmark = pytest.mark.tf_builds
+
 VOCAB = 13
 LENGTH = 16
 LENGTHS = (5, 4, 3)  # one packed row: 12 tokens, then 4 of padding

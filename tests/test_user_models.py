@@ -12,6 +12,8 @@ from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model import build_model, tf_keras
 
+pytestmark = pytest.mark.tf_builds
+
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):

@@ -22,6 +22,8 @@ from tpu_pipeline.format.metadata import shard_name, write_metadata
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.verify import config_vocabulary, first_fault, verify_data
 
+pytestmark = pytest.mark.tf_builds
+
 VOCAB = 259
 SHARDS, PER_SHARD, BAD_SHARD = 2, 14, 1
 # record of the bad shard → (what is planted, the kind verify names)

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
+
+pytestmark = pytest.mark.tf_builds
 
 
 def _share_waiting(dataset: tf.data.Dataset, consumer_seconds: float, elements: int) -> float:

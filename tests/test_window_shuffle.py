@@ -15,6 +15,8 @@ from tpu_pipeline.records.writer import write_split
 
 from helpers import plan_of, small_config, small_examples, write_small_shards
 
+pytestmark = pytest.mark.tf_builds
+
 CONTEXT = StageContext()
 RECORDS = [f"r{i:05d}".encode() for i in range(2500)]
 

@@ -26,6 +26,8 @@ from tpu_pipeline.train.windowed_position import WindowedPosition
 
 from test_text_lm import converted, lm_config
 
+pytestmark = pytest.mark.tf_builds
+
 WORKERS = 2
 STEP = 5  # the step both workers save at (one element per step each: one replica per worker)
 
