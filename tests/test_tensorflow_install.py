@@ -179,6 +179,18 @@ def test_pin_read_from_metadata_holds_a_mismatched_libtpu_back(dev, site, requir
     assert install_lib.installed() == MISMATCHED
 
 
+def test_installed_lists_both_tensorflow_distributions(site) -> None:
+    """tf-keras installed without --no-deps puts the registry's tensorflow beside tensorflow-tpu: installed() must
+    list both, or the resolver's two-distributions dead end (tpu_stack.dead_end) never sees them."""
+    write_distribution(site, "tensorflow-tpu", "2.19.1", "libtpu==0.0.10")
+    write_distribution(site, "tensorflow", "2.19.1", 'nvidia-cublas-cu12; extra == "and-cuda"')
+    write_distribution(site, "tf-keras", "2.19.0", "tensorflow<2.20,>=2.19")
+    write_distribution(site, "libtpu", "0.0.10")
+    install = install_lib.installed()
+    assert install == tpu_install(others=[("tensorflow", "2.19.1")])
+    assert install.describe() == "tensorflow 2.19.1 + tensorflow-tpu 2.19.1, tf-keras 2.19.0, libtpu 0.0.10"
+
+
 # --------------------------------------------------------------------------------------------
 # This process: the real distributions and build, and the commands the messages give
 
