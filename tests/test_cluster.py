@@ -19,6 +19,7 @@ import tensorflow as tf
 from tpu_pipeline import tensorflow_install as install_lib
 from tpu_pipeline.cluster import ClusterInfo, TfTpuBackend, choose_kind, detect_local_tpu, resolve
 from tpu_pipeline.cluster import tpu as tpu_lib
+from tpu_pipeline.cluster.resolver import check_tpu_stack
 from tpu_pipeline.cluster.tpu_stack import TensorFlowStack
 from tpu_pipeline.config.base import validate
 from tpu_pipeline.config.cluster import ClusterConfig
@@ -424,6 +425,27 @@ def test_two_tensorflow_distributions_in_one_folder():
             "write one tensorflow/ folder") in message
     assert "installed: tensorflow 2.19.1 + tensorflow-tpu 2.19.1, tf-keras 2.19.0, libtpu 0.0.10" in message
     assert message.endswith(SETUP_FIX)
+
+
+TWO_DISTRIBUTIONS = stack(tensorflow=(("tensorflow", "2.19.1"), ("tensorflow-tpu", "2.19.1")))
+
+
+@pytest.mark.parametrize("tensorflow, why", [
+    (TWO_DISTRIBUTIONS, "but tensorflow 2.19.1 and tensorflow-tpu 2.19.1 are installed together"),
+    (PLAIN_TF, "but TensorFlow 2.21.0 here is a CPU build, which has no TPU kernels"),
+], ids=["two distributions", "plain TensorFlow"])
+def test_check_before_doctor_and_devices_refuses_in_one_line(tensorflow: TensorFlowStack, why: str) -> None:
+    """check_tpu_stack, what `doctor` and `devices` run before measuring or resolving (in process here; the CLI's
+    child-process test covers only a machine with no TPU): a TPU attached that this TensorFlow cannot drive is the
+    resolver's one line, not a warning before a CPU run beside the billed TPU."""
+    backend = FakeTpuBackend(reachable={"local"}, evidence=DEVICE, tensorflow=tensorflow)
+    with pytest.raises(ClusterError) as raised:
+        check_tpu_stack(ClusterConfig(), env={}, tpu_backend=backend)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"a TPU is attached to this machine ({DEVICE}), {why}")
+    assert message.endswith(SETUP_FIX) and backend.tpu_steps() == []
+    check_tpu_stack(ClusterConfig(accelerator="cpu"), env={}, tpu_backend=backend)  # the opt-out
+    check_tpu_stack(ClusterConfig(), env={}, tpu_backend=FakeTpuBackend(evidence=DEVICE))  # the TPU build: may go on
 
 
 def test_colab_tpu_runtime_counts_as_attached():

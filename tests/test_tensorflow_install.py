@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -141,6 +143,54 @@ def test_tensorflow_already_imported_changes_nothing(dev):
     assert env == {} and install_lib.LIBTPU_HELD_BACK is None
     # The default `modules` is sys.modules, where this test process has TensorFlow.
     assert install_lib.prepare_tensorflow_import(env, str(dev)) is None and env == {}
+
+
+# --------------------------------------------------------------------------------------------
+# installed(): read from the distributions' own metadata, as pip leaves it
+
+
+@pytest.fixture
+def site(tmp_path_factory, monkeypatch) -> Path:
+    """An empty site-packages that is the whole of sys.path for the test: the distributions written into it are
+    the only ones importlib.metadata finds (the suite's venv has no tensorflow-tpu to read a pin from)."""
+    folder = tmp_path_factory.mktemp("site-packages")
+    monkeypatch.setattr(sys, "path", [str(folder)])
+    return folder
+
+
+def write_distribution(site: Path, name: str, version: str, *requires: str) -> None:
+    """A `<name>-<version>.dist-info` folder with its METADATA, as pip writes it."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("requirement", ["libtpu==0.0.10", "libtpu (==0.0.10)", 'libtpu==0.0.10; extra == "tpu"'])
+def test_pin_read_from_metadata_holds_a_mismatched_libtpu_back(dev, site, requirement: str) -> None:
+    """tensorflow-tpu's own libtpu pin, read from its metadata, decides on a TPU VM: a libtpu that misses it is kept
+    out of `import tensorflow` (which would abort or hang); a pin misread as none would let it load."""
+    write_distribution(site, "tensorflow-tpu", "2.19.1", "numpy>=1.26", requirement)
+    write_distribution(site, "tf-keras", "2.19.0")
+    write_distribution(site, "libtpu", "0.0.52")
+    (dev / "accel0").touch()
+    env: dict = {}
+    reason = install_lib.prepare_tensorflow_import(env, str(dev), NOT_IMPORTED)  # install: read from `site`
+    assert reason == "tensorflow-tpu 2.19.1 pins libtpu 0.0.10 but libtpu 0.0.52 is installed"
+    assert env == {"TPU_LOAD_LIBRARY": "0", install_lib.HELD_BACK_ENV: reason}
+    assert install_lib.installed() == MISMATCHED
+
+
+def test_installed_lists_both_tensorflow_distributions(site) -> None:
+    """tf-keras installed without --no-deps puts the registry's tensorflow beside tensorflow-tpu: installed() must
+    list both, or the resolver's two-distributions dead end (tpu_stack.dead_end) never sees them."""
+    write_distribution(site, "tensorflow-tpu", "2.19.1", "libtpu==0.0.10")
+    write_distribution(site, "tensorflow", "2.19.1", 'nvidia-cublas-cu12; extra == "and-cuda"')
+    write_distribution(site, "tf-keras", "2.19.0", "tensorflow<2.20,>=2.19")
+    write_distribution(site, "libtpu", "0.0.10")
+    install = install_lib.installed()
+    assert install == tpu_install(others=[("tensorflow", "2.19.1")])
+    assert install.describe() == "tensorflow 2.19.1 + tensorflow-tpu 2.19.1, tf-keras 2.19.0, libtpu 0.0.10"
 
 
 # --------------------------------------------------------------------------------------------
