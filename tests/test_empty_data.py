@@ -21,6 +21,7 @@ from tpu_pipeline.config.loader import apply_overrides, merge
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.runtime.stall_probe import where_stuck
+from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 
 pytestmark = pytest.mark.tf_builds
 
@@ -69,6 +70,18 @@ def test_an_empty_list_of_files_is_refused_by_the_config(files):
     with pytest.raises(ConfigError, match=r"data.source.files is empty .*: there is nothing to read; give a glob of "
                                           r"TFRecord files, e.g. data.source.files=gs://bucket/train-\*.tfrecord"):
         load_config(None, [], base={"data": small_config("x.tfrecord", source={"type": "tfrecord", "files": files})})
+
+
+@pytest.mark.parametrize("files", [[], "", " , "])
+def test_a_python_source_with_an_empty_list_of_files_is_one_line(files) -> None:
+    """`Pipeline.from_config(cfg, source=TFRecordSource(files=[]))` passes no config check: it must still end in
+    the one-line DataError that says the list is empty, never an IndexError from the first file of none."""
+    config = validate(DataConfig, small_config("unused.tfrecord"), prefix="data")
+    with pytest.raises(DataError) as raised:
+        Pipeline.from_config(config, source=TFRecordSource(files=files))
+    shown = files if isinstance(files, str) else ""
+    assert str(raised.value) == (f"data.source.files: {shown!r} lists no file, so there is nothing to read; give "
+                                 "TFRecord files that hold records")
 
 
 def converted_with_an_empty_split(tmp_path, shards) -> str:

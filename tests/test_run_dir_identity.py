@@ -71,6 +71,40 @@ def test_the_sequence_shape_is_compared_and_its_packing_knobs_are_not():
     assert changed(base, sequences(window=64, algorithm="best_fit_decreasing")) == []
 
 
+def transformer(**section) -> object:
+    return config_from_dict({
+        "data": {"source": {"type": "tfrecord", "dir": "/data/text"}, "batch_size": 8,
+                 "sequence": {"keys": ["inputs", "targets"], "length": 128}},
+        "model": {"architecture": "transformer", "transformer": section},
+        "train": {"task": "language_model", "num_classes": 256},
+    })
+
+
+# Every weight-shaping key of each built-in architecture, with a value other than its default.
+SHAPE_CHANGES = [
+    ("mlp", "hidden_units", [128]),
+    ("cnn", "filters", [8, 16]),
+    ("resnet", "blocks_per_stage", [1, 1]), ("resnet", "width", 32), ("resnet", "block", "bottleneck"),
+    ("resnet", "stem", "imagenet"),
+    ("transformer", "width", 128), ("transformer", "depth", 2), ("transformer", "heads", 8),
+    ("transformer", "mlp_dim", 512), ("transformer", "tie_embeddings", True), ("transformer", "vocab_size", 256),
+    ("transformer", "max_length", 256), ("transformer", "tokens_key", "inputs"), ("transformer", "causal", False),
+    ("transformer", "pooling", "first"),
+]
+
+
+@pytest.mark.parametrize("architecture, key, value", SHAPE_CHANGES, ids=[f"{a}.{k}" for a, k, _ in SHAPE_CHANGES])
+def test_every_shape_key_of_the_model_is_compared(architecture: str, key: str, value: object) -> None:
+    """A run dir resumed with another model shape (width, depth, layers, vocab...) is refused: its checkpoint
+    holds weights of the first shape, so each architecture's shape keys must all be in the identity."""
+    if architecture == "transformer":
+        base, other = transformer(), transformer(**{key: value})
+    else:
+        base = demo(f"model.architecture={architecture}")
+        other = demo(f"model.architecture={architecture}", f"model.{architecture}.{key}={json.dumps(value)}")
+    assert changed(base, other) == [f"model.{architecture}.{key}"]
+
+
 def mixture(**weights: float):
     sources = [{"name": name, "weight": weights.get(name, 1.0), "source": {"dir": f"/data/{name}"}}
                for name in ("web", "code")]

@@ -273,6 +273,40 @@ def test_a_finished_run_started_again_says_so_and_changes_nothing(small_demo, tm
     assert not any(line.startswith(("training ", "step ", "final:")) for line in lines), lines
 
 
+def test_sigterm_mid_epoch_saves_stops_and_never_evaluates(small_demo, tmp_path):
+    """A SIGTERM leaves seconds: the Checkpointer saves and raises PreemptionStop out of `fit` (no epoch-end
+    validation), and `train` writes the metrics so far and exits 143 without its final evaluation. In process,
+    with a real signal (the slow test_preemption.py checks the same through a child)."""
+    from tpu_pipeline.train import train
+    from tpu_pipeline.train.preemption import PreemptionFlag
+    from tpu_pipeline.train.runner import Preempted
+
+    run_dir = str(tmp_path / "run")
+    config = load_config(DEMO_CONFIG, small_overrides(small_demo, run_dir) + [
+        "train.epochs=2", "train.steps_per_epoch=4", "train.tensorboard=false", "model.schedule.warmup_epochs=0",
+        "train.log_every_steps=1", "train.checkpoint_every_seconds=null", "model.cnn.filters=[8]",
+        "data.batch_size=16", "eval_data.batch_size=16"])
+    lines: list[str] = []
+
+    def printer(line: str) -> None:
+        lines.append(line)
+        if line.startswith("step 2/"):  # mid-epoch 1, whose end would validate
+            handler = signal.getsignal(signal.SIGTERM)
+            assert isinstance(getattr(handler, "__self__", None), PreemptionFlag), handler  # never kill pytest
+            signal.raise_signal(signal.SIGTERM)
+
+    with pytest.raises(Preempted) as stopped:
+        train(config, cluster=resolve(ClusterConfig()), printer=printer)
+    assert stopped.value.code == 143
+    assert [line for line in lines if line.startswith("saved checkpoint")] == [
+        f"saved checkpoint {run_dir}/checkpoints/ckpt-2 at step 2 (SIGTERM)"], lines
+    assert any(line.startswith("stopped by SIGTERM at step 2 of 8;") for line in lines), lines
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["stopped_by_sigterm_at_step"] == 2 == metrics["steps"], metrics
+    assert "eval_loss" not in metrics and "eval_accuracy" not in metrics, metrics  # no final evaluation
+    assert "val_loss" not in metrics["history"] and not metrics["history"].get("epoch"), metrics  # nor validation
+
+
 def test_training_config_errors_name_the_key(small_demo, tmp_path):
     from tpu_pipeline.errors import ConfigError
     from tpu_pipeline.train import train

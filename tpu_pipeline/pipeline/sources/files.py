@@ -18,8 +18,13 @@ from tpu_pipeline.system import local_path
 
 def list_files(patterns: Union[str, Sequence[str]]) -> list[str]:
     """Expands globs (comma-separated or a list; local or gs://) to a sorted, de-duplicated file list."""
+    given = patterns
     if isinstance(patterns, str):
         patterns = [p.strip() for p in patterns.split(",") if p.strip()]
+    if not patterns:  # the pipeline's empty check says the same; this guard keeps it one line if that one breaks
+        shown = given if isinstance(given, str) else ", ".join(given)
+        raise DataError(f"data.source.files: {shown!r} lists no file, so there is nothing to read; give TFRecord files "
+                        "that hold records")
     files: list[str] = []
     for pattern in patterns:
         pattern = local_path(pattern)
