@@ -137,6 +137,31 @@ def test_source_counts_equal_counts_read_off_the_tokens(first_batches, mode):
         assert np.array_equal(tokens.numpy(), expected_tokens)
 
 
+def test_reported_shares_are_each_of_its_own_count(corpora, first_batches) -> None:
+    """`mixture_counts` (metrics.json, bench, doctor) gives token_share of the tokens and example_share of the
+    examples, and `shares_line` shows token shares under weight_by: tokens, on the counts the meter adds up:
+    the sources' documents differ in length, so shares of the wrong count show (before, only train's and
+    bench's runs saw it)."""
+    from tpu_pipeline.pipeline.mixtures.share_meter import mixture_counts, shares_line
+
+    examples, tokens = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    for batch in first_batches("pack", 12):  # what SourceMeter adds up, batch by batch
+        counted = source_counts(batch, 3)
+        examples, tokens = examples + counted[0].numpy(), tokens + counted[1].numpy()
+    example_shares, token_shares = examples / examples.sum(), tokens / tokens.sum()
+    assert np.abs(example_shares - token_shares).max() > 0.05  # a swap of the two counts shows
+    mixture = DataConfig.model_validate(yaml.safe_load(yaml.safe_dump(data_section(corpora, "pack"))),
+                                        context={"prefix": "data"}).mixture
+    reported = mixture_counts(mixture, examples.tolist(), tokens.tolist())
+    for index, name in enumerate(NAMES):
+        assert reported[name]["examples"] == examples[index] and reported[name]["tokens"] == tokens[index]
+        assert reported[name]["example_share"] == pytest.approx(example_shares[index])
+        assert reported[name]["token_share"] == pytest.approx(token_shares[index])
+    line = shares_line(mixture.model_copy(update={"weight_by": "tokens"}), examples.tolist(), tokens.tolist())
+    assert line == "tokens by source: " + ", ".join(
+        f"{name} {share:.3f} ({weight:.3g})" for name, share, weight in zip(NAMES, token_shares, WEIGHTS))
+
+
 def per_token_model(input_shape, num_classes):
     tokens = tf_keras.Input([None], dtype=tf.int32)
     return tf_keras.Model(tokens, tf_keras.layers.Dense(VOCAB)(tf_keras.layers.Embedding(VOCAB, 8)(tokens)))

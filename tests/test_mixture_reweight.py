@@ -318,3 +318,31 @@ def test_train_resumed_with_new_weights_twice_and_killed_trains_on_the_iterators
     third, fourth = logged_steps(out_dir, "ids-2.log"), logged_steps(out_dir, "ids-3.log")
     redone = sorted(set(third) & set(fourth))
     assert redone and all(third[key] == fourth[key] for key in redone[:-REPLICAS])  # the killed child's last may be cut
+
+
+def test_mixture_state_keeps_every_segment_of_weights_over_two_resumes(corpora, tmp_path) -> None:
+    """`train`'s MixtureState, checkpointed and resumed twice with new weights, saves all three segments
+    (each with where it took effect) and a third run continues them all: a checkpoint keeping only the last
+    ones would choose the stream's earlier examples with the wrong weights (before, only the slow train test
+    above saw it)."""
+    from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
+
+    pipelines = [Pipeline.from_config(config(corpora, "pad", "examples", weights)) for weights in TRAIN_WEIGHTS]
+    rates = [list(pipeline.source.weights) for pipeline in pipelines]
+    assert len({tuple(rate) for rate in rates}) == 3  # three different weights: three segments to keep
+    resumed_at = (8, 24)  # examples of the stream delivered at each resume (pad: nothing in flight)
+    path, lines = None, []
+    for number, pipeline in enumerate([*pipelines, pipelines[-1]]):  # the last run resumes without a change
+        state = MixtureState(pipeline, 1)
+        checkpoint = tf.train.Checkpoint(**{MIXTURE_KEY: state})
+        if path is not None:
+            checkpoint.read(path).assert_consumed()
+            at = resumed_at[min(number, 2) - 1]
+            lines += state.resume(lambda context, at=at: (at, 0, 0), num_replicas=1)
+        path = checkpoint.write(str(tmp_path / f"run{number}"))
+    assert len(lines) == 2 and all(line.startswith("data.mixture: weights changed since the checkpoint (")
+                                   for line in lines), lines
+    saved = [json.loads(entry) for entry in json.loads(state.segments.numpy().decode())]
+    assert [entry["segments"] for entry in saved] == [[[0, rates[0]], [8, rates[1]], [24, rates[2]]]]
+    continued = state.pipeline(0).source  # the run after: every segment still in force where it was
+    assert continued.earlier == ((0, tuple(rates[0])), (8, tuple(rates[1]))) and continued.since == 24
