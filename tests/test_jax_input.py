@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from helpers import small_config, write_small_shards
