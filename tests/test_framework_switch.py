@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from jax_child import requires_jax
 from tpu_pipeline.config.framework import choose_framework
 from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.errors import ClusterError, ConfigError
@@ -95,3 +96,23 @@ def test_a_step_error_is_a_peer_failure_only_with_several_hosts_and_on_jax_only_
     assert is_peer_failure(gloo, cluster(2, "jax")) and is_peer_failure(unavailable, cluster(2, "tensorflow"))
     assert not is_peer_failure(memory, cluster(2, "jax"))
     assert not is_peer_failure(gloo, cluster(1, "jax")) and not is_peer_failure(unavailable, cluster(1, "tensorflow"))
+
+
+@requires_jax
+def test_on_jax_a_runtime_error_out_of_device_memory_is_the_steps_own_not_a_peers_death():
+    """A JAX step raises every runtime failure as a JaxRuntimeError, which `peer_errors` catches on JAX: one that
+    says RESOURCE_EXHAUSTED (out of device memory) must reach the user as it is, not as the PeerFailure line,
+    whose advice (start every worker again) would run into the same error."""
+    import jax
+
+    from tpu_pipeline.cluster import ClusterInfo
+    from tpu_pipeline.train.framework import is_peer_failure, peer_errors
+
+    cluster = ClusterInfo(strategy=None, kind="cpu", num_replicas=8, num_hosts=2, devices=(), framework="jax")
+    memory = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 "
+                                        "bytes.")
+    gloo = jax.errors.JaxRuntimeError("UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] "
+                                      "Read error [127.0.0.1]:59008: Connection reset by peer")
+    assert isinstance(memory, peer_errors(cluster)) and isinstance(gloo, peer_errors(cluster))  # what is asked
+    assert not is_peer_failure(memory, cluster)
+    assert is_peer_failure(gloo, cluster)

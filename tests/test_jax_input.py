@@ -3,7 +3,16 @@ tf batches, which JAX places without a copy, and every pass from the stream's st
 yielded again, which would break an exact resume)."""
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import small_config, write_small_shards
 from jax_child import requires_jax, run_jax
+from tpu_pipeline.config import config_from_dict
+from tpu_pipeline.pipeline import Pipeline
 
 pytestmark = [pytest.mark.tf_builds, requires_jax]
 
@@ -48,3 +57,46 @@ def test_the_trainer_gets_our_batches_as_views_placed_without_a_copy():
     assert result["iterates_tf"] and result["element_spec"] == "True"
     assert result["passes_equal"] == [True] * 6, "a pass did not start at the stream's first batch"
     assert result["global_equal"] == [True] * 3
+
+
+# In process (Keras 3 on the TensorFlow backend, as this test process has it): the adapter is a tf.data adapter
+# of Keras's, which needs no JAX to hand out its numpy batches.
+
+
+def _small_batches(directory: str) -> tf.data.Dataset:
+    files, _ = write_small_shards(directory, 160, 4)
+    return Pipeline.from_config(config_from_dict({"data": small_config(files, batch_size=32)}).data).build()
+
+
+def _numpy(batch: Any) -> list[np.ndarray]:
+    return [np.asarray(x) for x in tf.nest.flatten(batch)]
+
+
+def test_the_adapter_hands_out_read_only_views_of_the_tf_batches(tmp_path) -> None:
+    """Every array the adapter yields is read-only: a writable one is a copy (np.array), which JAX's CPU client
+    copies once more (it aliases only read-only arrays), the very cost the adapter exists to save."""
+    from tpu_pipeline.cluster.jax_input import host_batches
+
+    dataset = _small_batches(str(tmp_path))
+    expected = [_numpy(batch) for batch in dataset]
+    batches = [tf.nest.flatten(batch) for batch in host_batches(dataset).get_jax_iterator()]
+    assert len(batches) == len(expected) == 5
+    for got, want in zip(batches, expected):
+        assert all(isinstance(array, np.ndarray) for array in got)
+        assert [array.flags.writeable for array in got] == [False] * len(want), "a copy, not a view of the tf batch"
+        assert all(np.array_equal(array, value) for array, value in zip(got, want))
+
+
+def test_every_pass_over_the_adapter_starts_at_the_streams_first_batch(tmp_path) -> None:
+    """Keras's trainer takes a new iterator per epoch (and one for its symbolic build); a pass that went on where
+    the last one stopped would shift every batch of the next epoch, and an exact resume with it."""
+    from tpu_pipeline.cluster.jax_input import host_batches
+
+    dataset = _small_batches(str(tmp_path))
+    expected = [_numpy(batch) for batch in dataset]
+    adapter = host_batches(dataset)
+    next(adapter.get_jax_iterator())  # a pass left after its first batch
+    passes = [[_numpy(batch) for batch in adapter.get_jax_iterator()] for _ in range(2)]
+    assert [len(one_pass) for one_pass in passes] == [len(expected)] * 2, "a pass did not start at the first batch"
+    assert all(np.array_equal(a, b) for one_pass in passes for got, want in zip(one_pass, expected)
+               for a, b in zip(got, want))

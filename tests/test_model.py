@@ -409,3 +409,30 @@ def test_keras3_builds_and_fits_on_eight_replicas_with_one_step_per_execution(ei
     history = model.fit(distributed(eight_replica_strategy, x, y), epochs=1, steps_per_epoch=8, verbose=0,
                         shuffle=False)
     assert math.isfinite(history.history["loss"][0])
+
+
+def test_keras3_fit_takes_no_batch_of_its_own_after_build_for_input(eight_replica_strategy):
+    """Keras 3's TF trainer starts `fit` and `evaluate` with `_maybe_symbolic_build(iterator=...)`, which takes a
+    batch from their iterator even when all is built: after `build_for_input` (what `train` calls) it must take
+    none, or a windowed pipeline's position log runs a batch ahead of the steps and a resume repeats it."""
+    from tpu_pipeline.model import get_keras
+    from tpu_pipeline.model.keras_backend import build_for_input
+
+    keras = get_keras("keras3")  # Keras 3 ships with TensorFlow 2.16+: its absence is a failure, not a skip
+    x, y = linear_problem(n=256)
+    cfg = config(keras="keras3", architecture="mlp", mlp={"hidden_units": [16]})
+    model = build_model(cfg, strategy=eight_replica_strategy, kind="cpu", input_shape=[8], num_classes=4,
+                        steps_per_epoch=4, epochs=1)
+    assert isinstance(model, keras.Model)
+    dataset = distributed(eight_replica_strategy, x, y)
+    build_for_input(model, dataset.element_spec)
+    assert model._compile_loss.built and model._compile_metrics.built  # built from the spec, before fit
+    taken: list = []
+
+    def batches():
+        for batch in dataset:
+            taken.append(batch)
+            yield batch
+
+    model._maybe_symbolic_build(iterator=[(0, 0, batches())])  # fit's epoch iterator: (begin, end, iterator)
+    assert len(taken) == 0, "fit's first batch went to the symbolic build: the input ran a batch ahead"

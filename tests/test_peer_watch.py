@@ -4,7 +4,9 @@ two calls the watch makes of jax.distributed's (tests/test_jax_multiprocess.py r
 host SIGKILLed at an epoch's end)."""
 from __future__ import annotations
 
+import threading
 import time
+from typing import Optional
 
 import pytest
 
@@ -52,3 +54,31 @@ def test_peers_that_beat_finish_or_have_not_started_are_left_alone():
         store.put("tpu_pipeline/run0/beat/1", DONE)
         time.sleep(0.6)
     assert exits == []
+
+
+class BeatsWhenRead(MemoryStore):
+    """Worker 1 has no beat until `started` is set, and from then on a new one at every read: its beats never go
+    stale, however the threads are scheduled, so only when its silence is counted from can end this process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.beats = 0
+
+    def peek(self, key: str) -> Optional[str]:
+        if key == "tpu_pipeline/run0/beat/1" and self.started.is_set():
+            self.beats += 1
+            self.put(key, str(self.beats))
+        return super().peek(key)
+
+
+def test_a_peer_slower_to_start_than_the_silence_is_not_dead():
+    """A peer's silence counts from its first beat, not from this process's start: a host whose start-up
+    (imports, the first compile) outlasts SILENT_SECONDS is not declared dead before or at its first beat."""
+    store, exits = BeatsWhenRead(), []
+    with watch(store, exits):
+        time.sleep(0.6)  # twice the silence before worker 1's first beat (worker 2 never beats)
+        store.started.set()
+        time.sleep(0.6)
+    assert exits == []
+    assert store.beats > 1  # the watch did read worker 1's beats
