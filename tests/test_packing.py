@@ -177,6 +177,28 @@ def test_pack_window_graph_properties(algorithm, data):
     assert all(np.array_equal(packed[k], plain[k]) for k in packed), "XLA and graph placements differ"
 
 
+def test_placement_without_xla_gives_the_rows_of_the_xla_path() -> None:
+    """The TPU build has no XLA for the CPU and places on TF's executor (placement.place's other branch): it must
+    give the very rows the XLA path gives, for every algorithm, on fixed windows with many ties and two keys whose
+    weights differ (hypothesis's few small draws above seldom meet a window where the two would part)."""
+    lengths = {"inputs": 7, "targets": 3}
+    rng = np.random.default_rng(5)
+    windows = []
+    for index in range(48):
+        if index % 2:  # many items of few sizes in one key: best fit meets ties between rows
+            examples = [{"inputs": [1] * int(rng.choice([2, 3, 4])), "targets": []} for _ in range(rng.integers(8, 40))]
+        else:  # two keys: best fit weighs the keys' sizes (3 and 7 here)
+            examples = [{"inputs": rng.integers(0, 4, rng.integers(0, 13)).tolist(),
+                         "targets": rng.integers(0, 4, rng.integers(0, 6)).tolist()} for _ in range(rng.integers(8, 40))]
+        windows.append(ragged_window(examples, lengths))
+    for algorithm in ALGORITHMS:
+        xla, plain = (graph_packer(tuple(lengths.items()), algorithm, "truncate", jit) for jit in (True, False))
+        for index, window in enumerate(windows):
+            with_xla, without = xla(window), plain(window)
+            assert all(np.array_equal(with_xla[k], without[k]) for k in with_xla), (
+                f"{algorithm}: window {index} is placed differently without XLA")
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_pack_window_many_short_examples(data):
