@@ -14,7 +14,7 @@ import re
 import sys
 
 LINE = re.compile(r"^\s*(?P<seconds>[0-9.]+)s (?P<phase>setup|call|teardown)\s+(?P<nodeid>\S.*?)\s*$")
-SUMMARY = re.compile(r"^=+ (?P<text>.*\d+ passed.*) in (?P<seconds>[0-9.]+)s")
+SUMMARY = re.compile(r"^=*\s*(?P<text>\d+ passed.*) in (?P<seconds>[0-9.]+)s")
 
 
 def read(log: str) -> tuple[dict[str, dict[str, float]], str]:
