@@ -56,29 +56,39 @@ def demo_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("demo_cache"))
 
 
-# Under `-n 2 --dist loadgroup` (scripts/run_tests.sh), two worker processes: every test not marked
-# slow runs in one group, on one worker, in file order (one TensorFlow start-up and one set of session
-# fixtures: the demo data set, the 8-replica strategy, as in a plain run), while the slow tests (real
-# child processes, which their test process mostly waits on) go one by one to whichever worker is
-# free, so they run beside the others on the second core. pytest-xdist's own xdist_group marks cannot
-# do this under pytest 9.2 (xdist 3.8 renames a node id pytest no longer reads from that attribute),
-# so the workers write down which tests are slow, and the scheduler here reads that.
+# Under `-n 2 --dist loadgroup` (scripts/run_tests.sh), two worker processes share the work in units: each
+# test marked slow (real child processes, which its test mostly waits on) is a unit of its own, and each
+# other file is one (its module fixtures built once). A free worker takes the next unit, so the two finish
+# together, and the order sends the largest first: the in-process files known to be heaviest, then the slow
+# tests, then the other files in file order (the many small ones fill the end). docs/testing.md has the
+# measurements behind this. pytest-xdist's own `xdist_group` marks cannot make such units under pytest 9.2
+# (xdist 3.8, the newest, renames a node id that pytest no longer reads from that attribute: two tests of one
+# group ran on different workers), so the workers write down which tests are slow, and the scheduler here
+# reads that.
 _SLOW_TESTS_ENV = "TPU_PIPELINE_TEST_SLOW_IDS"
 if "PYTEST_XDIST_WORKER" not in os.environ:  # the controlling process: the workers inherit the path
     os.environ[_SLOW_TESTS_ENV] = os.path.join(tempfile.gettempdir(), f"tpu_pipeline_slow_tests.{os.getpid()}")
 
+# In-process files measured heaviest (docs/testing.md, "Where the time goes"), sent first. A stale entry
+# only changes the order in which units are sent, never what runs.
+_HEAVY_FILES = ("tests/test_train.py", "tests/test_chunking.py", "tests/test_sequence_pipelines.py",
+                "tests/test_named_data_errors.py", "tests/test_cli.py", "tests/test_checkpoint_cadence.py")
+
+
+def _send_order(item) -> tuple[int, int]:
+    module = item.nodeid.split("::")[0]
+    if module in _HEAVY_FILES:
+        return 0, _HEAVY_FILES.index(module)
+    return (1, 0) if item.get_closest_marker("slow") else (2, 0)
+
 
 def pytest_collection_modifyitems(config, items) -> None:
     if "PYTEST_XDIST_WORKER" in os.environ and os.environ.get(_SLOW_TESTS_ENV):
+        items.sort(key=_send_order)  # stable: file order within each rank; the same on every worker
         path = os.environ[_SLOW_TESTS_ENV]
         with open(f"{path}.{os.environ['PYTEST_XDIST_WORKER']}", "w") as handle:
             handle.writelines(f"{item.nodeid}\n" for item in items if item.get_closest_marker("slow"))
         os.replace(handle.name, path)  # whole before this worker reports its collection
-
-
-# In-process files heavy enough to be units of their own (~a quarter of the in-process time): the worker
-# of the slow tests takes them while the other runs the rest, so the two finish together.
-_OWN_UNITS = {"tests/test_train.py", "tests/test_named_data_errors.py"}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -87,9 +97,10 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class InProcessTogether(LoadScopeScheduling):
-        """Units of work: the tests not marked slow as one (sent first: the largest), but for `_OWN_UNITS`,
-        one unit per file; each slow test by itself."""
+    config.option.loadscopereorder = False  # keep the order above, not xdist's "most tests first"
+
+    class SlowTestOrFile(LoadScopeScheduling):
+        """Units of work: each slow test by itself; each other file."""
 
         slow: Optional[set] = None
 
@@ -98,9 +109,6 @@ def pytest_xdist_make_scheduler(config, log):
                 with open(os.environ[_SLOW_TESTS_ENV]) as handle:
                     self.slow = set(handle.read().splitlines())
                 os.remove(handle.name)
-            if nodeid in self.slow:
-                return nodeid
-            module = nodeid.split("::")[0]
-            return module if module in _OWN_UNITS else "in_process"
+            return nodeid if nodeid in self.slow else nodeid.split("::")[0]
 
-    return InProcessTogether(config, log)
+    return SlowTestOrFile(config, log)
