@@ -200,9 +200,9 @@ def test_train_killed_and_resumed_trains_on_the_same_documents_as_an_uninterrupt
     config_path = os.path.join(out_dir, "config.json")
     json.dump(raw, open(config_path, "w"))
     command = [sys.executable, child, "train_lm", config_path, out_dir]
-    # 3 interruptions, not the 4 of a child process each that this test ran (the processes are its cost), at
-    # the points those came to: SIGKILL after steps 3 and 7 (odd: tf_keras runs 2 steps an execution,
-    # checkpoints come every 2: resumes at step 2 and at epoch 1's last step, 6), then SIGTERM in epoch 2
+    # 2 SIGKILLs and a SIGTERM (it sent 3 + 1, a child process each: the processes are this test's cost): SIGKILL
+    # after steps 3 and 7 (odd: tf_keras runs 2 steps an execution, checkpoints come every 2: resumes from step
+    # 2 and, unless step 8 was saved first, from the first epoch's last step, 6), then SIGTERM in the second epoch
     for kill, at_step in enumerate((3, 7)):
         assert max_step(out_dir) < at_step
         result = interrupt(command, out_dir, at_step, signal.SIGKILL, env=env)
