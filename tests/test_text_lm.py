@@ -200,12 +200,16 @@ def test_train_killed_and_resumed_trains_on_the_same_documents_as_an_uninterrupt
     config_path = os.path.join(out_dir, "config.json")
     json.dump(raw, open(config_path, "w"))
     command = [sys.executable, child, "train_lm", config_path, out_dir]
-    rng = random.Random(11)
-    for kill in range(3):
-        result = interrupt(command, out_dir, max_step(out_dir) + rng.randint(2, 4), signal.SIGKILL, env=env)
+    # 2 SIGKILLs and a SIGTERM (it sent 3 + 1, a child process each: the processes are this test's cost): SIGKILL
+    # after steps 3 and 7 (odd: tf_keras runs 2 steps an execution, checkpoints come every 2: resumes from step
+    # 2 and, unless step 8 was saved first, from the first epoch's last step, 6), then SIGTERM in the second epoch
+    for kill, at_step in enumerate((3, 7)):
+        assert max_step(out_dir) < at_step
+        result = interrupt(command, out_dir, at_step, signal.SIGKILL, env=env)
         assert result.returncode == -signal.SIGKILL, f"kill {kill}:\n{result.stdout[-3000:]}"
     # SIGTERM, as a preempted TPU VM gets: a checkpoint at the next step, exit 143
-    result = interrupt(command, out_dir, max_step(out_dir) + 1, signal.SIGTERM, env=env)
+    assert max_step(out_dir) < 11
+    result = interrupt(command, out_dir, 11, signal.SIGTERM, env=env)
     assert result.returncode == 143 and "stopped by SIGTERM at step" in result.stdout, result.stdout[-3000:]
     final = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
