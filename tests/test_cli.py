@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from cli_children import first_demo, help_runs, in_process
@@ -56,9 +57,11 @@ def test_commands_are_quiet_unless_asked(demo_cache):
     lines; set by the user (0), they come. The children are shared (tests/cli_children.py): the quiet demo is
     test_demo_builds_the_pipeline_and_prints_throughput's, the loud one test_cli_habits' `doctor --helpfull`."""
     native = re.compile(r"^[IWEF]\d{4} |WARNING: All log messages before absl|cpu_feature_guard|Sharding callback", re.M)
-    quiet, loud = help_runs(demo_cache)
+    # Where neither ran yet (this test alone), the help runs (which write no demo data) and the demo together.
+    with ThreadPoolExecutor(2) as pool:
+        helps, first = pool.submit(help_runs, demo_cache), pool.submit(first_demo, demo_cache)
+        (quiet, loud), demo = helps.result(), first.result()  # the demo: run with TF_CPP_MIN_LOG_LEVEL unset
     assert "--helpfull" in quiet.stdout and not native.search(quiet.stdout + quiet.stderr), quiet.stderr[:2000]
-    demo = first_demo(demo_cache)  # run with TF_CPP_MIN_LOG_LEVEL unset
     assert demo.returncode == 0 and not native.search(demo.stdout + demo.stderr), demo.stderr[:2000]
     assert native.search(loud.stdout + loud.stderr)  # the user's own setting is obeyed
 
