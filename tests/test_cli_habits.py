@@ -2,27 +2,17 @@
 paths relative to the config file, `tpu-pipeline config` and `tpu-pipeline devices`."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import yaml
+from cli_children import command, demo_data, environment, help_runs, in_process, together
 from jax_child import requires_jax
 
 from tpu_pipeline.config import load_config
 from tpu_pipeline.config.loader import params_override, suggest_config_key
 
 pytestmark = pytest.mark.tf_independent
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cli(*args: str, cwd: str, cache_dir: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TPU_PIPELINE_CACHE": cache_dir, "PYTHONPATH": REPO, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_layered_files_later_wins_and_relative_input_paths_follow_their_file(tmp_path):
@@ -49,29 +39,34 @@ def test_params_override_takes_yaml_text_or_a_file(tmp_path):
     assert params_override(str(tmp_path / "o.yaml")) == {"data": {"batch_size": 8}}
 
 
-def test_an_unknown_flag_suggests_the_config_key(tmp_path, demo_cache):
+def test_an_unknown_flag_suggests_the_config_key(demo_cache, capsys, monkeypatch):
     assert suggest_config_key("--epochs", "3") == "train.epochs=3"
-    result = cli("train", "--epochs", "3", cwd=str(tmp_path), cache_dir=demo_cache)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
+    # the entry point in this process: the words and the exit code (a user error from a real process, one
+    # line on stderr and exit 2: test_cli.py's warm-up test)
+    code, _, stderr = in_process(capsys, monkeypatch, demo_cache, "train", "--epochs", "3")
+    assert code == 2
+    assert stderr.strip().splitlines()[-1] == (
         "tpu-pipeline train: error: unknown flag --epochs; config keys are key=value arguments: train.epochs=3")
 
 
-def test_config_prints_the_resolved_config_which_loads_back(tmp_path, demo_cache):
-    result = cli("config", "--params_override", "train: {epochs: 4}", "data.batch_size=64",
-                 cwd=str(tmp_path), cache_dir=demo_cache)
-    assert result.returncode == 0, result.stderr[-2000:]
-    printed = yaml.safe_load(result.stdout)
+def test_config_prints_the_resolved_config_which_loads_back(tmp_path, demo_cache, capsys, monkeypatch):
+    # the entry point in this process (tests/cli_children.py): what the command prints; that a real process's
+    # stdout holds only that is test_devices_says_what_the_resolver_found's (its exact first lines)
+    code, stdout, stderr = in_process(capsys, monkeypatch, demo_cache, "config", "--params_override",
+                                      "train: {epochs: 4}", "data.batch_size=64")
+    assert code == 0, stderr[-2000:]
+    printed = yaml.safe_load(stdout)
     assert printed["train"]["epochs"] == 4 and printed["data"]["batch_size"] == 64
     assert printed["data"]["shuffle"]["buffer_size"] == 4096 and "on_error" in printed["data"]  # defaults filled in
-    set_only = cli("config", "--set_only", "--params_override", "train: {epochs: 4}", cwd=str(tmp_path),
-                   cache_dir=demo_cache)
-    (tmp_path / "resolved.yaml").write_text(set_only.stdout)
+    code, set_only, _ = in_process(capsys, monkeypatch, demo_cache, "config", "--set_only", "--params_override",
+                                   "train: {epochs: 4}")
+    assert code == 0
+    (tmp_path / "resolved.yaml").write_text(set_only)
     assert load_config(str(tmp_path / "resolved.yaml")).train.epochs == 4
 
 
 def test_devices_says_what_the_resolver_found(tmp_path, demo_cache):
-    result = cli("devices", "cluster.cpu_replicas=2", cwd=str(tmp_path), cache_dir=demo_cache)
+    (result,) = together([(command("devices", "cluster.cpu_replicas=2"), environment(demo_cache))], cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert lines[0].startswith("tensorflow: ") and lines[1].startswith("libtpu: ")  # the build, then libtpu
@@ -97,24 +92,26 @@ def test_a_missing_dataset_directory_says_how_to_create_it(tmp_path):
         build(str(tmp_path / "demo_shapes" / "v1"))
 
 
-def test_help_lists_the_project_flags_before_absl_and_tensorflow(tmp_path, demo_cache):
-    short = cli("train", "--help", cwd=str(tmp_path), cache_dir=demo_cache)
+def test_help_lists_the_project_flags_before_absl_and_tensorflow(demo_cache):
+    short, full = help_runs(demo_cache)  # `train --help`, `doctor --helpfull` (shared with test_cli.py)
     assert short.returncode == 0 and "--config" in short.stdout and "--params_override" in short.stdout
     assert "absl.app" not in short.stdout and len(short.stdout.splitlines()) < 40
-    full = cli("doctor", "--helpfull", cwd=str(tmp_path), cache_dir=demo_cache).stdout.split("flags:\n", 1)[1]
+    full = full.stdout.split("flags:\n", 1)[1]
     assert full.index("--write-tuned") < full.index("--config:") < full.index("absl.app")
 
 
 @requires_jax
 def test_devices_on_jax_names_the_framework_and_counts_its_devices(tmp_path, demo_cache):
-    result = cli("devices", "model.framework=jax", "cluster.cpu_replicas=4", cwd=str(tmp_path), cache_dir=demo_cache)
+    demo_data(demo_cache)  # both children would write it (not atomically); they run together
+    result, refused = together([
+        (command("devices", "model.framework=jax", "cluster.cpu_replicas=4"), environment(demo_cache)),
+        (command("devices", "model.framework=tensorflow"), environment(demo_cache, KERAS_BACKEND="jax")),
+    ], cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert lines[2].startswith("framework: jax ") and "on cpu: 4 device(s) in 1 process(es)" in lines[2], lines[2]
     assert lines[3:7] == ["kind: cpu", "replicas: 4 on 1 host(s)", "strategy: JaxDataParallel",
                           "found from: one JAX process"]
-    refused = cli("devices", "model.framework=tensorflow", cwd=str(tmp_path), cache_dir=demo_cache,
-                  env={"KERAS_BACKEND": "jax"})
     assert refused.returncode == 2 and refused.stderr.strip().endswith(
         "model.framework is tensorflow but KERAS_BACKEND=jax; make them agree: unset KERAS_BACKEND, or set it to "
         "tensorflow, or change model.framework"), refused.stderr[-2000:]
