@@ -30,6 +30,18 @@ tf.config.set_logical_device_configuration(
 )
 
 
+@pytest.fixture(autouse=True)
+def _absl_flags_unparsed_after_each_test():
+    """A test that runs the CLI in this process (tpu_pipeline.cli.main) leaves absl's flags parsed, and
+    --config is a multi-flag: the next in-process call would layer its config on this one's. Which test comes
+    next depends on how the workers share the files, so no test may leave them parsed."""
+    yield
+    from absl import flags
+
+    if flags.FLAGS.is_parsed():
+        flags.FLAGS.unparse_flags()
+
+
 @pytest.fixture(scope="session")
 def cpu_devices() -> list[str]:
     """Names of the 8 logical CPU devices, e.g. for MirroredStrategy(devices=...)."""
