@@ -1,7 +1,7 @@
 """The `tpu-pipeline` child processes that tests/test_cli.py and tests/test_cli_habits.py check, for those
 two files alone. Each child imports TensorFlow (most of its seconds), so a child whose output several
 assertions read runs once for all of them (functools.lru_cache, per demo cache), and children that share
-nothing run together (as helpers.run_together, but each with its own environment: one's start-up overlaps
+nothing run together (helpers.run_together, each with its own environment: one's start-up overlaps
 another's). Where a test is about a command's words and exit code, not about the process (TensorFlow's
 start-up, native log lines, devices set up at start), `in_process` runs the real entry point in the test
 process instead, as tests/test_verify_tokens.py does.
@@ -34,18 +34,10 @@ def environment(cache_dir: str, quiet: bool = False, **extra: str) -> dict:
 
 
 def together(runs: Sequence[tuple[list[str], dict]], cwd: str = REPO) -> list:
-    """(command, env) pairs run at the same time; their CompletedProcesses in order."""
-    import subprocess
+    """(command, env) pairs run at the same time (helpers.run_together); their CompletedProcesses in order."""
+    from helpers import run_together
 
-    if len(runs) == 1:
-        (args, env), = runs
-        return [subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(len(runs)) as pool:
-        return list(pool.map(
-            lambda run: subprocess.run(run[0], cwd=cwd, env=run[1], capture_output=True, text=True, timeout=TIMEOUT),
-            runs))
+    return run_together([args for args, _ in runs], TIMEOUT, envs=[env for _, env in runs], cwd=cwd)
 
 
 def in_process(capsys, monkeypatch, cache_dir: str, *args: str) -> tuple[int, str, str]:

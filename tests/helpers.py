@@ -115,16 +115,18 @@ def kill_convert_after_shards(args: list[str], out, log_path, shards: int = 3) -
         process.wait()
 
 
-def run_together(commands: list[list[str]], timeout: float, **popen) -> list:
+def run_together(commands: list[list[str]], timeout: float, envs: list[dict] | None = None, **popen) -> list:
     """Runs independent commands as child processes at the same time and returns, in order, a
     subprocess.CompletedProcess for each (text stdout and stderr), as subprocess.run(capture_output=True,
     text=True) would have one after another: for tests whose CLI runs share nothing, so that one's start-up
-    (importing TensorFlow, mostly) and waits overlap the other's. A timeout kills them all and raises."""
+    (importing TensorFlow, mostly) and waits overlap the other's. `envs`: one environment per command (else
+    `env`, or this process's, for all). A timeout kills them all and raises."""
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    children = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-                for command in commands]
+    envs = envs or [popen.pop("env", None)] * len(commands)
+    children = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)
+                for command, env in zip(commands, envs)]
     try:  # each child's pipes read by a thread of its own: a full pipe never holds one child back for another
         with ThreadPoolExecutor(len(children)) as pool:
             outputs = list(pool.map(lambda child: child.communicate(timeout=timeout), children))
