@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops._util import feature
+from tpu_pipeline.ops.autograph_rule import users_code
 
 TensorFn = Callable[..., Any]  # (tensor, seed=None) -> tensor
 
@@ -58,7 +59,7 @@ def keyed(default_key: str, *, name: Optional[str] = None) -> Callable[[Callable
                 if value is not None and not isinstance(value, str):
                     raise ConfigError(f"op '{op_name}': {arg} must be a feature name (a string), got {value!r}")
             target = key if out_key is None else out_key
-            fn = factory(*bound.args, **bound.kwargs)
+            fn = users_code(factory(*bound.args, **bound.kwargs))
 
             def op(features, seed=None):
                 return {**features, target: fn(feature(features, key, op_name), seed)}

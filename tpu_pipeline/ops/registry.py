@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.ops.autograph_rule import users_code
 
 Features = dict[str, Any]
 OpFn = Callable[[Features, Optional[tf.Tensor]], Features]
@@ -59,7 +60,7 @@ class RegisteredOp:
         """Checks the arguments and calls the factory; bad values become a ConfigError naming `where`."""
         self.check(kwargs, where)
         try:
-            return self.factory(**kwargs)
+            return users_code(self.factory(**kwargs))
         except ConfigError as error:
             raise ConfigError(f"{where}: {error}" if where else str(error)) from None
         except (TypeError, ValueError, tf.errors.InvalidArgumentError) as error:

@@ -59,7 +59,7 @@ def source_parser(names: Sequence[str], specs: Sequence[Mapping[str, Any]],
 
     # Each source's outputs, traced apart (nothing runs), so a misfit is named now, not inside tf.data.
     record_spec = tf.TensorSpec([None] if batched else [], tf.string)
-    _check_alike(names, [_signature(tf.function(lambda r, i=index: one_source(i, r)).get_concrete_function(
+    _check_alike(names, [_signature(tf.function(lambda r, i=index: one_source(i, r), autograph=False).get_concrete_function(
         record_spec).structured_outputs) for index in range(len(names))], prefix)
 
     def parse_batch(element: Features) -> Features:

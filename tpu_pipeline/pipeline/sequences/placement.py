@@ -78,8 +78,8 @@ def _place_loop(sizes: tf.Tensor, count: tf.Tensor, room: tf.Tensor, weights: tf
 # `pack_window` costs ~1.2-3.3 µs an item at a window of 1024 that way, ~5-15 µs on TF's executor
 # running the loop op by op (`benchmarks/bench_packing.py --alone --windows 1024`, README issue 37).
 # XLA needs static shapes, so items and rows are padded to powers of two: a few compiles a process.
-_place_jit = tf.function(_place_loop, jit_compile=True, reduce_retracing=True)
-_place_graph = tf.function(_place_loop, reduce_retracing=True)
+_place_jit = tf.function(_place_loop, jit_compile=True, reduce_retracing=True, autograph=False)
+_place_graph = tf.function(_place_loop, reduce_retracing=True, autograph=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,7 +92,7 @@ def xla_on_cpu() -> bool:
     """
     with tf.init_scope(), tf.device("/CPU:0"):
         try:
-            tf.function(lambda x: x + 1, jit_compile=True)(tf.constant(0))
+            tf.function(lambda x: x + 1, jit_compile=True, autograph=False)(tf.constant(0))
             return True
         except (tf.errors.NotFoundError, tf.errors.UnimplementedError, tf.errors.InvalidArgumentError) as error:
             log.info("packing: no XLA for the CPU in this TensorFlow (%s); the placement loop runs on TF's executor",

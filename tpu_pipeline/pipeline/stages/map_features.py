@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
+from tpu_pipeline.ops.autograph_rule import users_code
 from tpu_pipeline.ops.registry import OpFn
 from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.tuning import tune
@@ -58,12 +59,12 @@ class MapFeatures(Stage):
         return any(self.random_ops)
 
     def transform(self, element: Any, element_seed: Optional[tf.Tensor] = None) -> Features:
-        features = self.parse(element) if self.parse is not None else dict(element)
+        features = users_code(self.parse)(element) if self.parse is not None else dict(element)
         for index, op in enumerate(self.ops):
             seed = None
             if self.random_ops and self.random_ops[index]:
                 seed = tf.random.experimental.stateless_fold_in(element_seed, index)
-            features = op(features, seed)
+            features = users_code(op)(features, seed)
         return features
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
