@@ -222,9 +222,12 @@ def test_a_sigkilled_worker_loses_what_it_held_but_never_repeats_and_the_stream_
         # One pass of small batches, read slowly while one worker holds all of it (its shuffle buffer
         # takes every file before the first batch); a second worker joins, then the first is killed.
         # No example comes twice; what the dead worker held never comes; and TensorFlow's
-        # dispatcher waits for the lost task, so the finite pass does not end.
+        # dispatcher waits for the lost task, so the finite pass does not end. Slowly: 4 examples every
+        # 0.25 s make the pass last 40 s, so the first worker still holds most of it when it is killed
+        # even if the second takes 20 s to start on a loaded machine (at 0.05 s the whole pass had
+        # arrived once, under the TPU TensorFlow in CI, before the kill).
         one_pass = Consumer(service_data(files, running.address, shuffle={"buffer_size": 10000}, batch_size=4),
-                            delay=0.05)
+                            delay=0.25)
         one_pass.wait_for_examples(64)
         running.workers.append(Server("worker", "--dispatcher", running.address.removeprefix("grpc://")))
         running.workers[-1].wait_for("serving:")
