@@ -283,11 +283,18 @@ def test_tpu_vm_num_hosts_from_strategy_when_cluster_spec_empty():
     assert info.num_hosts == 2
 
 
-def test_auto_falls_back_to_cpu_when_env_tpu_fails():
+def test_an_unreachable_tpu_name_is_refused_never_replaced_by_the_cpu():
+    """TPU_NAME is how Cloud's scripts name the TPU to use: one that does not answer is an error, as
+    cluster.tpu's is, and cluster.accelerator=cpu is the way to train without it."""
     fake = FakeTpuBackend(reachable=())
-    info = resolve(env={"TPU_NAME": "gone"}, tpu_backend=fake)
-    assert info.kind == "cpu"
+    with pytest.raises(ClusterError) as raised:
+        resolve(env={"TPU_NAME": "gone"}, tpu_backend=fake)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "no TPU found (the TPU_NAME env var names 'gone'). Tried:"
+    assert lines[1].startswith("  - TPU_NAME env var: tpu='gone'")
+    assert lines[-1] == "  - or train without a TPU: cluster.accelerator=cpu (or gpu), or unset TPU_NAME."
     assert fake.tpu_steps() == [("make_resolver", "gone", None, None)]
+    assert resolve(ClusterConfig(accelerator="cpu"), env={"TPU_NAME": "gone"}, tpu_backend=fake).kind == "cpu"
 
 
 def test_asked_for_tpu_none_found_lists_every_attempt_and_the_fix():
@@ -650,3 +657,16 @@ def test_resolving_twice_reuses_one_mirrored_strategy(eight_replica_strategy):
     first = resolve(ClusterConfig(cpu_replicas=8))
     second = resolve(ClusterConfig(cpu_replicas=8))
     assert first.strategy is second.strategy is eight_replica_strategy
+
+
+def test_train_with_an_unreachable_tpu_name_stops_in_one_line_naming_it(demo_cache, tmp_path, capsys, monkeypatch):
+    """Through the CLI, as a new user met it: `TPU_NAME=my-tpu tpu-pipeline train` used to warn and train on
+    the CPU (exit 0). The name is looked up for real and fails (no Cloud TPU API here)."""
+    from cli_children import in_process
+
+    monkeypatch.setenv("TPU_NAME", "my-tpu")
+    code, stdout, stderr = in_process(capsys, monkeypatch, demo_cache, "train", f"train.run_dir={tmp_path / 'run'}")
+    assert code == 2, stdout[-2000:] + stderr[-2000:]
+    assert "no TPU found (the TPU_NAME env var names 'my-tpu')" in stderr, stderr[-3000:]
+    assert "cluster.accelerator=cpu" in stderr and "Traceback" not in stderr
+    assert "step " not in stdout and not (tmp_path / "run" / "metrics.json").exists()

@@ -75,9 +75,10 @@ def check_tpu_stack(config: ClusterConfig | None = None, *, env: Mapping[str, st
 
 
 def _resolve_tpu(config: ClusterConfig, env: Mapping[str, str], backend: tpu_lib.TpuBackend) -> ClusterInfo | None:
-    """A TPU's ClusterInfo; None when auto mode found none; a ClusterError when one was required, or when a
-    TPU of this machine is meant (named 'local' or attached) but this process cannot drive it or none
-    connected: a billed TPU is never left idle for the CPU without a word (cluster.accelerator=cpu says so)."""
+    """A TPU's ClusterInfo; None when auto mode found none; a ClusterError when one was required (by
+    cluster.accelerator, cluster.tpu or the TPU_NAME env var), or when a TPU of this machine is meant
+    (named 'local' or attached) but this process cannot drive it or none connected: a billed TPU is never
+    left idle for the CPU without a word (cluster.accelerator=cpu says so)."""
     device = backend.local_tpu_evidence() if config.tpu in (None, tpu_stack.LOCAL) else None
     local = tpu_stack.local_tpu(config, env, device)
     attached = local.attached if local else None
@@ -90,8 +91,9 @@ def _resolve_tpu(config: ClusterConfig, env: Mapping[str, str], backend: tpu_lib
         return _tpu_info(connection)
     if dead_end:
         raise ClusterError(dead_end)
-    if config.accelerator == "tpu" or config.tpu or local:
-        raise ClusterError(tpu_lib.no_tpu_message(config, failures, notes, local.why if local else None))
+    named = env.get("TPU_NAME", "").strip()  # Cloud's scripts name the TPU to use this way: it is meant too
+    if config.accelerator == "tpu" or config.tpu or local or named:
+        raise ClusterError(tpu_lib.no_tpu_message(config, failures, notes, local.why if local else None, named))
     if failures:
         log.warning("no TPU found, falling back:\n  %s", "\n  ".join(failures))
     return None

@@ -213,13 +213,18 @@ def tpu_num_hosts(connection: TpuConnection) -> int:
     return hosts if isinstance(hosts, int) and hosts > 0 else 1
 
 
-def no_tpu_message(config: ClusterConfig, failures: list[str], notes: list[str], local: str | None = None) -> str:
-    """The error for 'a TPU was asked for, or this machine's is meant (`local`: why), and none connected':
-    every attempt, then the fixes."""
+def no_tpu_message(config: ClusterConfig, failures: list[str], notes: list[str], local: str | None = None,
+                   tpu_name: str = "") -> str:
+    """The error for 'a TPU was asked for (by config, or by the TPU_NAME env var: `tpu_name`), or this
+    machine's is meant (`local`: why), and none connected': every attempt, then the fixes."""
     if local:
         why = local
+    elif config.tpu:
+        why = "cluster.tpu is set"
+    elif config.accelerator == "tpu":
+        why = "cluster.accelerator is 'tpu'"
     else:
-        why = "cluster.tpu is set" if config.tpu else "cluster.accelerator is 'tpu'"
+        why = f"the TPU_NAME env var names {tpu_name!r}"
     lines = [f"no TPU found ({why}). Tried:"]
     lines += [f"  - {line}" for line in failures]
     lines += [f"  - {line}" for line in notes]
@@ -237,6 +242,7 @@ def no_tpu_message(config: ClusterConfig, failures: list[str], notes: list[str],
         "cluster.tpu=<name | grpc://host:8470 | local>;",
         f"  - on a TPU VM, install the TPU TensorFlow: {install_lib.TPU_FIX}; then use cluster.tpu=local;",
         "  - in Colab, pick Runtime > Change runtime type > TPU;",
-        "  - or train elsewhere with cluster.accelerator=auto (or gpu / cpu).",
+        "  - or train elsewhere with cluster.accelerator=auto (or gpu / cpu)." if not tpu_name else
+        "  - or train without a TPU: cluster.accelerator=cpu (or gpu), or unset TPU_NAME.",
     ]
     return "\n".join(lines)
