@@ -1,9 +1,11 @@
 """One call that finds the accelerator and returns the right `tf.distribute` strategy.
 
 `resolve()` tries a TPU first (explicit name, TPU_NAME, COLAB_TPU_ADDR, a TPU VM), then a
-TF_CONFIG cluster with several workers, then GPUs, then the CPU. The decision among the last
-three (`choose_kind`) is a pure function, kept apart from building the strategy, because a
-multi-worker strategy blocks until its peers join and so cannot be built in a unit test.
+TF_CONFIG cluster with several workers, then GPUs, then the CPU. A TPU that is meant (asked for,
+named by cluster.tpu or TPU_NAME, or attached) and does not answer is an error, never the CPU.
+The decision among the last three (`choose_kind`) is a pure function, kept apart from building the
+strategy, because a multi-worker strategy blocks until its peers join and so cannot be built in a
+unit test.
 """
 from __future__ import annotations
 
