@@ -17,6 +17,11 @@ import pytest  # noqa: E402
 import tpu_pipeline  # noqa: E402,F401  (first: under the TPU TensorFlow with no TPU here, TF must start without libtpu)
 import tensorflow as tf  # noqa: E402
 
+if os.environ.get("TPU_PIPELINE_TEST_FORK_SERVER", "1") != "0":
+    import fork_server  # noqa: E402  (children forked with TensorFlow imported: tests/fork_server.py)
+
+    fork_server.install()
+
 NUM_LOGICAL_CPUS = 8
 
 pytest_plugins = [
