@@ -20,6 +20,7 @@ from tpu_pipeline.pipeline.checks.spec_check import first_record
 from tpu_pipeline.pipeline.mixtures.mixture_source import MixtureSource
 from tpu_pipeline.pipeline.sources.base import RecordFileSource
 from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
+from tpu_pipeline.pipeline.sources.files import lists_no_file
 
 # (a file that holds a record, its first record or None where counts said so without reading it), per source
 Found = Optional[tuple[str, Optional[bytes]]]
@@ -78,7 +79,7 @@ def _empty_line(where: str, key: str, part: RecordFileSource, in_mixture: bool) 
     patterns = files_source.files if isinstance(files_source.files, str) else ", ".join(files_source.files)
     label = f"{where}: {key}.files" if where else f"{key}.files"
     if not files:
-        return f"{label}: {patterns!r} lists no file, so there is nothing to read; give TFRecord files that hold records{drop}"
+        return lists_no_file(label, files_source.files, drop)
     size = int(tf.io.gfile.stat(files[0]).length)
     them = "the file it matches holds" if len(files) == 1 else f"all {len(files)} files it matches hold"
     return (f"{label}={patterns}: {them} no record ({files[0]}: {size:,} bytes), so there is nothing to read; "

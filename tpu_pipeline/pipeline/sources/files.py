@@ -16,15 +16,19 @@ from tpu_pipeline.errors import DataError
 from tpu_pipeline.system import local_path
 
 
+def lists_no_file(label: str, given: Union[str, Sequence[str]], after: str = "") -> str:
+    """The one line for a files setting that names no file (here and the pipeline's empty check)."""
+    shown = given if isinstance(given, str) else ", ".join(given)
+    return f"{label}: {shown!r} lists no file, so there is nothing to read; give TFRecord files that hold records{after}"
+
+
 def list_files(patterns: Union[str, Sequence[str]]) -> list[str]:
     """Expands globs (comma-separated or a list; local or gs://) to a sorted, de-duplicated file list."""
     given = patterns
     if isinstance(patterns, str):
         patterns = [p.strip() for p in patterns.split(",") if p.strip()]
     if not patterns:  # the pipeline's empty check says the same; this guard keeps it one line if that one breaks
-        shown = given if isinstance(given, str) else ", ".join(given)
-        raise DataError(f"data.source.files: {shown!r} lists no file, so there is nothing to read; give TFRecord files "
-                        "that hold records")
+        raise DataError(lists_no_file("data.source.files", given))
     files: list[str] = []
     for pattern in patterns:
         pattern = local_path(pattern)
