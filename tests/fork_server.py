@@ -302,10 +302,8 @@ def _receive(connection: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = connection.recv(size - len(data))
-        if not chunk:
-            if data == b"" and not connection.getblocking():
-                raise BlockingIOError
-            raise RuntimeError("the fork server closed the connection")
+        if not chunk:  # end of stream (no data yet raises BlockingIOError in recv itself)
+            raise RuntimeError("the fork server closed the connection before the child's exit status")
         data += chunk
     return data
 
