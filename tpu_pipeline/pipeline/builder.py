@@ -28,6 +28,7 @@ from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.mixtures.mixture_weights import by_tokens
 from tpu_pipeline.pipeline.plan import Plan, make_plan
+from tpu_pipeline.pipeline.runtime.device_buffers import untune_device_buffers
 from tpu_pipeline.pipeline.runtime.iterator import DistributedPipelineIterator, PipelineIterator
 from tpu_pipeline.pipeline.sequences.modes.base import SequenceMode
 from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
@@ -338,7 +339,10 @@ class Pipeline:
         return self.build
 
     def distribute(self, strategy: tf.distribute.Strategy) -> Any:
-        """The per-replica dataset for `strategy` (one `build` per input pipeline)."""
+        """The per-replica dataset for `strategy` (one `build` per input pipeline). Its iterators' per-device
+        buffers run without tf.data's autotuner (`runtime/device_buffers.py`, installed when this module is
+        imported, so also for `strategy.distribute_datasets_from_function` called directly)."""
+        untune_device_buffers()
         return strategy.distribute_datasets_from_function(self.build)
 
     @classmethod
