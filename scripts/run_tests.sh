@@ -17,7 +17,7 @@ if [ "${1:-}" = "--tpu" ]; then
 else
   bash scripts/setup_env.sh
 fi
-# Two worker processes (pytest-xdist): the tests not marked slow run together on one, in order, while
-# the slow ones (child processes the test mostly waits on) run one by one on whichever is free
-# (tests/conftest.py groups them). TEST_WORKERS=0 runs everything in this one process.
+# Two worker processes (pytest-xdist): each file of in-process tests is one unit (its module fixtures built
+# once, on one worker), and each test marked slow (child processes the test mostly waits on) a unit of its
+# own, on whichever worker is free (tests/conftest.py, docs/testing.md). TEST_WORKERS=0 runs everything here.
 exec "$VENV/bin/python" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup "${RULE[@]}" "$@"
