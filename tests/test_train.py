@@ -39,7 +39,22 @@ def small_overrides(data_dir: str, run_dir: str) -> list[str]:
     ]
 
 
-def test_eight_replica_training_with_steps_per_execution_4(small_demo, tmp_path):
+def counting_evaluations(monkeypatch) -> list[int]:
+    """Counts `model.evaluate` calls: fit's validations and the runner's own."""
+    from tpu_pipeline.model import tf_keras
+
+    calls: list[int] = []
+    evaluate = tf_keras.Model.evaluate
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(tf_keras.Model, "evaluate", counted)
+    return calls
+
+
+def test_eight_replica_training_with_steps_per_execution_4(small_demo, tmp_path, monkeypatch):
     from tpu_pipeline.train import train
 
     run_dir = str(tmp_path / "run")
@@ -50,8 +65,11 @@ def test_eight_replica_training_with_steps_per_execution_4(small_demo, tmp_path)
     cluster = resolve(config.cluster)
     assert cluster.num_replicas == 8
     stamped: list[tuple[float, str]] = []  # each printed line, with when it was printed
+    evaluations = counting_evaluations(monkeypatch)
     metrics = train(config, cluster=cluster, printer=lambda line: stamped.append((time.perf_counter(), line)))
     lines = [line for _, line in stamped]
+    # One validation per epoch, and no second pass after epoch 3's over the same weights (issue 47).
+    assert len(evaluations) == 3
 
     assert metrics["steps"] == 3 * 8 == metrics["epochs"] * metrics["steps_per_epoch"]  # 512 // 64
     losses = metrics["history"]["loss"]
@@ -249,6 +267,19 @@ def test_the_demo_run_learns_and_writes_metrics_json(demo_cache, tmp_path):
     assert metrics["history"]["loss"][-1] < metrics["history"]["loss"][0]
     assert len(metrics["history"]["loss"]) == 12
     _check_throughput(metrics, [line for line in result.stdout.splitlines() if line.startswith("step ")])
+
+
+def test_a_run_whose_last_epoch_did_not_validate_evaluates_once_at_its_end(small_demo, tmp_path, monkeypatch):
+    from tpu_pipeline.train import train
+
+    config = load_config(DEMO_CONFIG, small_overrides(small_demo, str(tmp_path / "run")) + [
+        "train.epochs=3", "train.steps_per_epoch=2", "train.eval_every_epochs=2", "train.tensorboard=false",
+        "model.schedule.warmup_epochs=0", "model.cnn.filters=[8]"])
+    evaluations = counting_evaluations(monkeypatch)
+    metrics = train(config, printer=lambda line: None)
+    assert len(evaluations) == 2  # epoch 2's validation, then the final one: epoch 3 trained after it
+    assert len(metrics["history"]["val_loss"]) == 1 and metrics["history"]["epoch"] == [1, 2, 3]
+    assert metrics["eval_loss"] != metrics["history"]["val_loss"][-1]  # the final model's, not epoch 2's
 
 
 def test_a_finished_run_started_again_says_so_and_changes_nothing(small_demo, tmp_path):

@@ -312,6 +312,9 @@ class TrainState:
         self.task = task or task_named("classification")  # its `reported` names what the history keeps
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.history_json = tf.Variable("{}", dtype=tf.string, trainable=False, name="history")
+        # (epoch, Keras's validation figures without their "val_" prefix) of the last epoch this process
+        # finished, when `fit` validated it: not saved, since only this process's weights are known to match.
+        self.last_validation: Optional[tuple[int, dict[str, float]]] = None
 
     def history(self) -> dict[str, list[float]]:
         return json.loads(self.history_json.numpy().decode())
@@ -324,3 +327,13 @@ class TrainState:
         history.setdefault("epoch", []).append(epoch + 1)
         self.history_json.assign(json.dumps(history))
         self.epoch.assign(epoch + 1)
+        validation = {name[len("val_"):]: float(value) for name, value in logs.items()
+                      if name.startswith("val_") and (isinstance(value, (int, float)) or hasattr(value, "numpy"))}
+        self.last_validation = (epoch, validation) if validation else None
+
+    def validation_after(self, epoch: int) -> Optional[dict[str, float]]:
+        """What `fit`'s validation measured at the end of `epoch` (0-based) in this process, as
+        `model.evaluate(return_dict=True)` returns it; None when it did not validate that epoch here."""
+        if self.last_validation is None or self.last_validation[0] != epoch:
+            return None
+        return dict(self.last_validation[1])

@@ -370,8 +370,12 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             f"{part['skipped']:,} of {part['records']:,} records in {section}" for section, part in skipped.items()
         ) + f" (by kind and file: 'skipped' in {metrics_path(run_dir)})")
     if eval_dataset is not None:
-        with said_in_one_line():
-            evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
+        # The last epoch's validation, when `fit` ran one, measured these very weights on the same steps: a
+        # second pass would cost as long again (minutes on a large split) for the same figures.
+        evaluation = state.validation_after(epochs - 1)
+        if evaluation is None:
+            with said_in_one_line():
+                evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
         metrics.update(state.task.evaluation_figures(evaluation))  # eval_loss: the weighted cross-entropy
         metrics["eval_examples"] = None if config.train.eval_steps else eval_pipeline.source.count_examples()
         if config.eval_data.mixture is not None:
