@@ -64,3 +64,19 @@ def test_image_size_and_preprocess_together_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"data.image_size fills data.preprocess itself"):
         load_config(base={"data": {"source": {"type": "tfrecord", "dir": "x"}, "image_size": [8, 8],
                                    "preprocess": ["decode_image"], "batch_size": 4}})
+
+
+def test_a_validated_image_size_config_validates_again_as_itself():
+    """The doctor and `config` re-validate a config's dump, which holds image_size and the ops it filled in:
+    that is the same config, not the user's conflict (issue 47: `doctor` on configs/image_folder.yaml ended
+    with 'image_size fills preprocess itself')."""
+    from tpu_pipeline.bench.doctor import tune
+    from tpu_pipeline.config.base import validate
+    from tpu_pipeline.config.data import DataConfig
+
+    config = load_config(os.path.join(REPO, "configs", "image_folder.yaml"), ["data.source.dir=x"]).data
+    assert validate(DataConfig, config.model_dump(mode="python"), prefix="data") == config
+    tuned = tune(config, ["data.options.private_threadpool_size=2"])
+    assert tuned.preprocess == config.preprocess and tuned.options.private_threadpool_size == 2
+    with pytest.raises(ConfigError, match=r"data.image_size fills data.preprocess itself"):  # a real change still is
+        tune(config, ["data.preprocess=[decode_image]"])

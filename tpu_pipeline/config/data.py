@@ -210,16 +210,18 @@ class DataConfig(StrictModel):
         size = data["image_size"]
         if not (isinstance(size, list) and len(size) == 2):
             raise ConfigError(f"{prefix}.image_size: give [height, width], e.g. [224, 224]; got {size!r}")
-        if data.get("preprocess"):
-            raise ConfigError(f"{prefix}.image_size fills {prefix}.preprocess itself (decode, resize, value range, "
-                              f"int32 label); remove one of them (or put extra ops in {prefix}.augment)")
-        data = dict(data)
-        data["preprocess"] = [
+        expanded = [
             {"op": "decode_image", "key": "image", "channels": data.get("channels", 3)},
             {"op": "resize", "key": "image", "size": size},
             {"op": "value_range", "key": "image", "min": 0.0, "max": 1.0},
             {"op": "cast", "key": "label", "dtype": "int32"},
         ]
+        # A config validated once holds both (the doctor and `config` re-validate its dump): that is no conflict.
+        if data.get("preprocess") and _normalized(data["preprocess"]) != _normalized(expanded):
+            raise ConfigError(f"{prefix}.image_size fills {prefix}.preprocess itself (decode, resize, value range, "
+                              f"int32 label); remove one of them (or put extra ops in {prefix}.augment)")
+        data = dict(data)
+        data["preprocess"] = expanded
         data.setdefault("outputs", {"inputs": "image", "targets": "label"})
         return data
 
@@ -267,3 +269,12 @@ class DataConfig(StrictModel):
         if self.on_error == "skip":
             raise ConfigError(f"{prefix}.on_error=skip with {prefix}.mixture is not supported yet: check the sources "
                               "with `tpu-pipeline verify` and use on_error: raise")
+
+
+def _normalized(ops: Any) -> Any:
+    """Ops as `OpConfig` dumps ({op, args}), so the short and the long form compare equal; as given if invalid."""
+    try:
+        return [OpConfig.model_validate(op).model_dump() if not isinstance(op, OpConfig) else op.model_dump()
+                for op in ops]
+    except (pydantic.ValidationError, TypeError, ConfigError):
+        return ops
