@@ -150,3 +150,25 @@ def test_bench_and_doctor_json_have_the_documented_fields(shards, tmp_path):
         tuned = yaml.safe_load(open(tuned_yaml))
         assert tuned["data"]["num_parallel_calls"] == cores and tuned["data"]["batch_size"] == 64
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_doctor_on_the_shipped_image_folder_config_with_images_of_several_sizes(tmp_path):
+    """configs/image_folder.yaml on a folder of JPEGs and PNGs of several sizes (issue 47): the decode cannot be
+    timed alone (its outputs vary in shape, so they do not batch), so it is timed with the resize after it."""
+    from tpu_pipeline.config import load_config
+    from tpu_pipeline.records import ConvertOptions, convert
+    from tpu_pipeline.records.image_folder import ImageFolderSource
+
+    from test_convert import FAST, make_image_folder
+
+    images = make_image_folder(tmp_path / "images", per_class=8)
+    assert len({(image["height"], image["width"]) for image in images.values()}) > 1
+    out = str(tmp_path / "flowers")
+    convert(ImageFolderSource(str(tmp_path / "images"), splits="train=1.0", seed=1), out,
+            ConvertOptions(min_shards=2, **FAST))
+    config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "image_folder.yaml"),
+                         [f"data.source.dir={out}", "data.batch_size=4"]).data
+    diagnosis = diagnose(config, batches=4, repeats=1, records=24)
+    names = [stage.name for stage in diagnosis.stages]
+    assert "preprocess[0] decode_image (once, cached) + preprocess[1] resize (once, cached)" in names, names
+    assert names[-1] == "augment[0] random_flip", names

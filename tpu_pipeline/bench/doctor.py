@@ -196,9 +196,11 @@ def stage_costs(config: DataConfig, plan: Plan, records: InMemoryRecords, second
         aug = config.augment[: max(0, count - len(config.preprocess))]
         return base.model_copy(update={"preprocess": pre, "augment": aug, "sequence": None})
 
+    def pipeline(prefix_config: DataConfig, source: Any) -> tf.data.Dataset:
+        return Pipeline.from_config(prefix_config, source=source).build()
+
     def per_example(prefix_config: DataConfig, source: Any) -> float:
-        dataset = Pipeline.from_config(prefix_config, source=source).build()
-        return 1.0 / _one_thread(dataset, seconds, repeats).examples_per_sec
+        return 1.0 / _one_thread(pipeline(prefix_config, source), seconds, repeats).examples_per_sec
 
     costs: list[StageCost] = []
     previous = per_example(prefix(0), raw)
@@ -207,14 +209,29 @@ def stage_costs(config: DataConfig, plan: Plan, records: InMemoryRecords, second
         current = per_example(prefix(0), records)
         costs.append(StageCost(f"parse ({mode}){once}", max(current - previous, 1e-9)))
         previous = current
+    pending: list[str] = []  # ops timed together with the next: their outputs vary in shape
     for count, (name, _, _) in enumerate(ops, start=1):
-        current = per_example(prefix(count), records)
-        costs.append(StageCost(name, max(current - previous, 1e-9)))
-        previous = current
+        pending.append(name)
+        try:
+            current = per_example(prefix(count), records)
+        except tf.errors.InvalidArgumentError:
+            # Images of several sizes, decoded but not yet resized, cannot be batched to time the decode alone:
+            # it is timed with the op after it. Where no op follows, the error is the pipeline's own.
+            if count < len(ops) and not _static_per_example(pipeline(prefix(count), records)):
+                continue
+            raise
+        costs.append(StageCost(" + ".join(pending), max(current - previous, 1e-9)))
+        previous, pending = current, []
     if config.sequence is not None:
         current = per_example(prefix(len(ops)).model_copy(update={"sequence": config.sequence}), records)
         costs.append(StageCost(f"sequence ({plan.sequence.value})", max(current - previous, 1e-9)))
     return costs
+
+
+def _static_per_example(dataset: tf.data.Dataset) -> bool:
+    """Whether every example of a batched dataset has one shape (all but the batch dimension known)."""
+    return all(spec.shape.rank is not None and spec.shape[1:].is_fully_defined()
+               for spec in tf.nest.flatten(dataset.element_spec) if isinstance(spec, tf.TensorSpec))
 
 
 def findings_for(config: DataConfig, plan: Plan, cores: int) -> list[Finding]:
