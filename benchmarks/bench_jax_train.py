@@ -1,7 +1,7 @@
 """`tpu-pipeline train` on TensorFlow (tf_keras, tf.distribute) and on Keras 3 with JAX, side by side.
 
     .venv/bin/python benchmarks/bench_jax_train.py [--rounds 2] [--replicas 8] [--workloads image,text]
-        [--lm_epochs 2] [--lm_steps 100] [--json out.json]
+        [--lm_epochs 2] [--lm_steps 100] [--lm_data DIR] [--lm_eval_steps N] [--json out.json]
 
 Each round runs the real training job once per framework, in a child process of its own, alternating
 (TensorFlow first in even rounds, JAX first in odd ones): the same config, the same `train.seed`, the
@@ -46,7 +46,9 @@ def overrides(workload: str, args: argparse.Namespace, run_dir: str, framework: 
               f"train.seed={seed}", "train.tensorboard=false", "train.checkpoint_every_seconds=null"]
     if workload == "image":
         return common + [f"train.epochs={args.image_epochs}"]
-    return ["--config", os.path.join(REPO, "configs", "text_lm.yaml"), *common,
+    data = [f"data.source.dir={args.lm_data}", f"eval_data.source.dir={args.lm_data}"] if args.lm_data else []
+    data += [f"train.eval_steps={args.lm_eval_steps}"] if args.lm_eval_steps else []
+    return ["--config", os.path.join(REPO, "configs", "text_lm.yaml"), *common, *data,
             f"train.epochs={args.lm_epochs}", f"train.steps_per_epoch={args.lm_steps}"]
 
 
@@ -69,6 +71,9 @@ def run(workload: str, framework: str, args: argparse.Namespace, seed: int, weig
         figures["eval_accuracy"] = metrics["eval_accuracy"]
     else:
         figures.update(eval_bits_per_byte=metrics["eval_bits_per_byte"], tokens_per_sec=metrics["tokens_per_sec"])
+    # Each epoch's training loss and validation loss: where two frameworks part, not only where they end.
+    print(f"  {workload} {framework} per epoch: loss " + " ".join(f"{v:.3f}" for v in metrics["history"]["loss"])
+          + " | val_loss " + " ".join(f"{v:.3f}" for v in metrics["history"].get("val_loss", [])), flush=True)
     return figures
 
 
@@ -110,6 +115,8 @@ def main() -> None:
     parser.add_argument("--image_epochs", type=int, default=12)  # the demo's own: accuracy near its plateau
     parser.add_argument("--lm_epochs", type=int, default=2)
     parser.add_argument("--lm_steps", type=int, default=100)
+    parser.add_argument("--lm_data", default=None, help="a `convert --from text` output directory instead of the demo text")
+    parser.add_argument("--lm_eval_steps", type=int, default=None, help="validation steps (default: the whole split)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--same_init", action="store_true", help="both frameworks start from the same weights")
     if sys.argv[1:2] == ["--child"]:
