@@ -45,7 +45,8 @@ class Server:
         self.process = subprocess.Popen([sys.executable, "-m", "tpu_pipeline.cli", "serve", *args], cwd=REPO, env=ENV,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -93,7 +94,8 @@ class Consumer:
         self.marks: dict[int, list[float]] = collections.defaultdict(list)
         self.ended = False
         self.last_batch = time.monotonic()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -109,9 +111,11 @@ class Consumer:
 
     def finish(self, timeout: float = 120) -> "Consumer":
         self.process.wait(timeout=timeout)
-        time.sleep(0.2)  # the reader thread's last lines
         assert self.process.returncode == 0, self.process.stderr.read()[-3000:]
-        assert self.ended
+        # The reader thread's last lines: it returns on END or at the end of the stream. A fixed 0.2 s sleep
+        # here once lost that race on a loaded machine (exit 0, END printed, `ended` not yet set).
+        self.reader.join(timeout=30)
+        assert self.ended, "the consumer exited 0 without printing END"
         return self
 
     def wait_for_examples(self, count: int, timeout: float = 120) -> None:
@@ -265,7 +269,7 @@ def test_sigterm_stops_each_server_within_seconds_even_mid_job(files):
             server.process.send_signal(signal.SIGTERM)
             assert server.process.wait(timeout=30) == 0
             assert time.monotonic() - started < 15
-            time.sleep(0.2)  # the reader thread's last line
+            server.reader.join(timeout=30)  # the reader thread's last line: it ends at the end of the stream
             assert any(line.startswith("tpu-pipeline serve: stopped the") for line in server.lines), server.lines
         consumer.stop()
     finally:
