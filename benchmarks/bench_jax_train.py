@@ -1,7 +1,7 @@
 """`tpu-pipeline train` on TensorFlow (tf_keras, tf.distribute) and on Keras 3 with JAX, side by side.
 
     .venv/bin/python benchmarks/bench_jax_train.py [--rounds 2] [--replicas 8] [--workloads image,text]
-        [--lm_epochs 2] [--lm_steps 100] [--lm_data DIR] [--lm_eval_steps N] [--json out.json]
+        [--lm_epochs 2] [--lm_steps 100] [--lm_data DIR] [--lm_eval_steps N] [--override KEY=VALUE ...] [--json out.json]
 
 Each round runs the real training job once per framework, in a child process of its own, alternating
 (TensorFlow first in even rounds, JAX first in odd ones): the same config, the same `train.seed`, the
@@ -43,7 +43,7 @@ FRAMEWORKS = ("tensorflow", "jax")
 
 def overrides(workload: str, args: argparse.Namespace, run_dir: str, framework: str, seed: int) -> list[str]:
     common = [f"model.framework={framework}", f"train.run_dir={run_dir}", f"cluster.cpu_replicas={args.replicas}",
-              f"train.seed={seed}", "train.tensorboard=false", "train.checkpoint_every_seconds=null"]
+              f"train.seed={seed}", "train.tensorboard=false", "train.checkpoint_every_seconds=null", *args.override]
     if workload == "image":
         return common + [f"train.epochs={args.image_epochs}"]
     data = [f"data.source.dir={args.lm_data}", f"eval_data.source.dir={args.lm_data}"] if args.lm_data else []
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--lm_steps", type=int, default=100)
     parser.add_argument("--lm_data", default=None, help="a `convert --from text` output directory instead of the demo text")
     parser.add_argument("--lm_eval_steps", type=int, default=None, help="validation steps (default: the whole split)")
+    parser.add_argument("--override", action="append", default=[], help="a config override for both frameworks (repeatable)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--same_init", action="store_true", help="both frameworks start from the same weights")
     if sys.argv[1:2] == ["--child"]:
