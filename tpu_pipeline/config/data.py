@@ -274,7 +274,6 @@ class DataConfig(StrictModel):
 def _normalized(ops: Any) -> Any:
     """Ops as `OpConfig` dumps ({op, args}), so the short and the long form compare equal; as given if invalid."""
     try:
-        return [OpConfig.model_validate(op).model_dump() if not isinstance(op, OpConfig) else op.model_dump()
-                for op in ops]
+        return [OpConfig.model_validate(op).model_dump() for op in ops]  # an OpConfig validates as itself
     except (pydantic.ValidationError, TypeError, ConfigError):
         return ops

@@ -305,6 +305,11 @@ class Checkpointer(tf_keras.callbacks.Callback):
         self.save(f"epoch {epoch + 1}")
 
 
+def _is_figure(value: Any) -> bool:
+    """A number Keras logged (a Python number or a tensor), as opposed to anything else in its logs."""
+    return isinstance(value, (int, float)) or hasattr(value, "numpy")
+
+
 class TrainState:
     """What a checkpoint holds besides the model and optimizer: epochs finished and their logs."""
 
@@ -322,13 +327,13 @@ class TrainState:
     def finish_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
         history = self.history()
         for name, value in self.task.reported(logs).items():
-            if isinstance(value, (int, float)) or hasattr(value, "numpy"):
+            if _is_figure(value):
                 history.setdefault(name, []).append(float(value))
         history.setdefault("epoch", []).append(epoch + 1)
         self.history_json.assign(json.dumps(history))
         self.epoch.assign(epoch + 1)
         validation = {name[len("val_"):]: float(value) for name, value in logs.items()
-                      if name.startswith("val_") and (isinstance(value, (int, float)) or hasattr(value, "numpy"))}
+                      if name.startswith("val_") and _is_figure(value)}
         self.last_validation = (epoch, validation) if validation else None
 
     def validation_after(self, epoch: int) -> Optional[dict[str, float]]:
