@@ -60,25 +60,39 @@ def _slow_validation() -> tf.data.Dataset:
     return _no_read_ahead(tf.data.Dataset.from_tensors((tf.ones([BATCH, LENGTH]), tf.ones([BATCH, 1]))).repeat(2).map(slow))
 
 
-class _StepTimes(tf_keras.callbacks.Callback):
-    """The test's own clock: each step's duration (batch begin to end) and each validation's."""
+class _Stamps(tf_keras.callbacks.Callback):
+    """The times at which this callback saw each step begin and end, and each validation's duration."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps: list[float] = []
+        self.begins: list[float] = []
+        self.ends: list[float] = []
         self.validations: list[float] = []
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._step = time.perf_counter()
+        self.begins.append(time.perf_counter())
 
     def on_train_batch_end(self, batch, logs=None):
-        self.steps.append(time.perf_counter() - self._step)
+        self.ends.append(time.perf_counter())
 
     def on_test_begin(self, logs=None):
         self._test = time.perf_counter()
 
     def on_test_end(self, logs=None):
         self.validations.append(time.perf_counter() - self._test)
+
+
+def _bracket(before: _Stamps, after: _Stamps) -> tuple[list[float], list[float]]:
+    """Each step's time seen from outside the ProgressLogger and from inside it.
+
+    Keras calls the callbacks in list order at a step's begin and at its end, so with `before` ahead of
+    the ProgressLogger and `after` behind it, the logger's own span of each step lies within
+    [before's begin, after's end] and contains [after's begin, before's end]: bounds that hold however
+    loaded the machine is, where one clock compared with another within a tolerance does not.
+    """
+    outer = [end - begin for begin, end in zip(before.begins, after.ends)]
+    inner = [end - begin for begin, end in zip(after.begins, before.ends)]
+    return outer, inner
 
 
 def test_training_rates_count_the_training_steps_only_and_the_final_lies_within_the_epochs():
@@ -88,19 +102,21 @@ def test_training_rates_count_the_training_steps_only_and_the_final_lies_within_
     lines: list[str] = []
     progress = ProgressLogger(BATCH, every=2, meter=meter, total_steps=STEPS * EPOCHS, printer=lines.append,
                               epochs_total=EPOCHS, tokens=tokens)
-    clock = _StepTimes()
+    before, after = _Stamps(), _Stamps()
     model.fit(metered(_training_stream(tokens), meter), epochs=EPOCHS, steps_per_epoch=STEPS,
-              validation_data=_slow_validation(), validation_steps=2, callbacks=[progress, clock], verbose=0)
+              validation_data=_slow_validation(), validation_steps=2, callbacks=[before, progress, after],
+              verbose=0)
 
     timed_steps = STEPS * EPOCHS - 1  # the first step of the fit call (tracing) is not timed
     seconds = progress.step_seconds()
     assert progress.tokens_per_second() * seconds == pytest.approx(timed_steps * BATCH * REAL)
     assert progress.examples_per_second() * seconds == pytest.approx(timed_steps * BATCH)
-    # The steps' own time, as the test's callback measured it: not the first step, not the validations
-    # (2 batches of at least VALIDATION_SLEEP s after each epoch, far longer than these steps).
-    assert len(clock.steps) == STEPS * EPOCHS and min(clock.validations) >= 2 * VALIDATION_SLEEP
-    assert seconds == pytest.approx(sum(clock.steps[1:]), rel=0.2, abs=0.01), (seconds, clock.steps)
-    assert seconds < sum(clock.validations), (seconds, clock.validations)
+    # The steps' own time: not the first step (tracing, ~0.3 s), not the validations (2 batches of at least
+    # VALIDATION_SLEEP s after each epoch, far longer than these steps), nothing between the steps.
+    outer, inner = _bracket(before, after)
+    assert len(outer) == len(inner) == STEPS * EPOCHS and min(before.validations) >= 2 * VALIDATION_SLEEP
+    assert sum(inner[1:]) <= seconds <= sum(outer[1:]), (seconds, inner, outer)
+    assert seconds < sum(before.validations), (seconds, before.validations)
     assert 0.0 <= progress.input_wait_fraction() <= 1.0
 
     epochs = [line for line in lines if line.startswith("epoch ")]
