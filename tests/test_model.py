@@ -436,3 +436,44 @@ def test_keras3_fit_takes_no_batch_of_its_own_after_build_for_input(eight_replic
 
     model._maybe_symbolic_build(iterator=[(0, 0, batches())])  # fit's epoch iterator: (begin, end, iterator)
     assert len(taken) == 0, "fit's first batch went to the symbolic build: the input ran a batch ahead"
+
+
+def _keras_on_tensorflow():
+    """The Kerases whose embedding gradients are tf.IndexedSlices here: tf_keras, and Keras 3 when this
+    process imports it on the TensorFlow backend."""
+    kerases = [tf_keras]
+    try:
+        import keras
+    except ImportError:
+        return kerases
+    return kerases + [keras] if keras.backend.backend() == "tensorflow" else kerases
+
+
+@pytest.mark.parametrize("keras", _keras_on_tensorflow(), ids=lambda k: k.__name__)
+def test_global_clipnorm_reads_an_embedding_gradient_as_its_dense_sum(keras):
+    """Issue 47 item 1: tf_keras clipped an embedding's gradient by the norm of its per-occurrence rows,
+    smaller than the gradient's when a token repeats, so the TensorFlow path clipped less than JAX (whose
+    gradients are dense) and trained apart from the same weights. The step from the sparse gradient must be
+    the step from its dense equivalent."""
+    from tpu_pipeline.model.optimizers import build_optimizer
+    from tpu_pipeline.config.model import OptimizerConfig
+
+    ids = tf.constant([0, 0, 1, 2, 2, 2, 0])
+    scale = tf.constant(np.random.default_rng(0).normal(size=(7, 3)), tf.float32)
+
+    def step(dense: bool) -> np.ndarray:
+        table = keras.layers.Embedding(4, 3, embeddings_initializer="zeros")
+        table.build((None,))
+        optimizer = build_optimizer(keras, OptimizerConfig(name="sgd", momentum=0.0, global_clipnorm=1.0), 1.0)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(table(ids) * scale)
+        grads = tape.gradient(loss, table.trainable_variables)
+        assert isinstance(grads[0], tf.IndexedSlices)  # what an embedding lookup's gradient is on TensorFlow
+        if dense:
+            grads = [tf.convert_to_tensor(grad) for grad in grads]
+        optimizer.apply_gradients(zip(grads, table.trainable_variables))
+        return np.asarray(table.embeddings.numpy())
+
+    dense = step(dense=True)
+    assert np.linalg.norm(dense) == pytest.approx(1.0, rel=1e-5)  # clipped to the global norm
+    np.testing.assert_allclose(step(dense=False), dense, rtol=1e-5, atol=1e-7)
