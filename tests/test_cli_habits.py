@@ -86,10 +86,48 @@ def test_a_missing_dataset_directory_says_how_to_create_it(tmp_path):
         config = load_config(base={"data": {"source": {"type": "tfrecord", "dir": directory}, "batch_size": 4}})
         Pipeline.from_config(config.data)
 
-    with pytest.raises(DataError, match=r"does not exist; create it with `tpu-pipeline convert --from image-folder\|csv"):
+    with pytest.raises(DataError, match=r"does not exist; create it with `tpu-pipeline convert --from text\|parquet\|hf\|image-folder\|csv"):
         build(str(tmp_path / "flowers"))
     with pytest.raises(DataError, match=r"built-in demo data, which `tpu-pipeline demo` .* writes on first use"):
         build(str(tmp_path / "demo_shapes" / "v1"))
+
+
+def test_text_or_parquet_files_given_as_tfrecords_are_named_with_their_convert_command(tmp_path):
+    """Issue 47 item 4: a folder or glob of text files where TFRecords are expected got "its conversion did not
+    finish ... run the same convert command again", or "the record length fails its CRC ... convert the file
+    again". Each reader now names what the files are and the convert command that makes TFRecords of them."""
+    from tpu_pipeline.errors import DataError
+    from tpu_pipeline.format.metadata import read_dataset_metadata
+    from tpu_pipeline.format.sniff import bytes_kind
+    from tpu_pipeline.pipeline.checks.record_check import FileChecker
+    from tpu_pipeline.pipeline.checks.spec_check import first_record
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index, text in enumerate(["Licence text.\n\tIndented, «UTF-8» too.\r\n", "Another file\n"]):
+        (corpus / f"doc{index}.txt").write_text(text, encoding="utf-8")
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "part-0.parquet").write_bytes(b"PAR1" + bytes(64))
+
+    hint = r"these are text files, not TFRecords: convert them with `tpu-pipeline convert --from text "
+    with pytest.raises(DataError, match=rf"data.source.dir: .*: {hint}.*corpus/\*\.txt --out .*corpus_converted`"):
+        read_dataset_metadata(str(corpus))
+    with pytest.raises(DataError, match=r"these are Parquet files, not TFRecords: .* --from parquet .*tables/\*\.parquet"):
+        read_dataset_metadata(str(tables))
+    with pytest.raises(DataError, match=rf"doc0.txt: {hint}.*corpus/\*\.txt --out DIR`"):
+        first_record(str(corpus / "doc0.txt"))
+    # verify's record check: the framing fault stays what it is, the fix is the conversion.
+    config = load_config(base={"data": {"source": {"type": "tfrecord", "files": str(corpus / "*.txt")},
+                                        "features": {"tokens": {"dtype": "int64", "kind": "ragged"}}, "batch_size": 4}})
+    checker = FileChecker(config.data, "data", dict(config.data.features), None)
+    _, faults = checker.check_file(str(corpus / "doc0.txt"), "", None)
+    assert [(fault.record, fault.kind) for fault in faults] == [(0, "bad_length_crc")], faults
+    assert faults[0].fix.startswith(hint.replace("\\", "")), faults[0].fix
+
+    # What is not text stays unknown: a TFRecord's zero bytes, a cut multi-byte character only at the end.
+    assert bytes_kind(b"\x0c\x00\x00\x00\x00\x00\x00\x00abcd") is None
+    assert bytes_kind("ab«".encode()[:-1]) == "text" and bytes_kind(b"\xff\xfeab" * 8) is None
 
 
 def test_help_lists_the_project_flags_before_absl_and_tensorflow(demo_cache):

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tpu_pipeline.config.data import FeatureConfig
 from tpu_pipeline.errors import DataError
+from tpu_pipeline.format.sniff import convert_hint, kind_of_folder
 from tpu_pipeline.system import local_path
 
 METADATA_FILE = "metadata.json"
@@ -36,6 +37,9 @@ def write_metadata(out_dir: str, metadata: Mapping[str, Any]) -> str:
     return path
 
 
+CONVERT_SOURCES = "text|parquet|hf|image-folder|csv|numpy|tfds"  # what `tpu-pipeline convert --from` takes
+
+
 def read_metadata(out_dir: str) -> Optional[dict[str, Any]]:
     """The metadata of a finished dataset directory, or None when it is absent (unfinished)."""
     path = tf.io.gfile.join(out_dir, METADATA_FILE)
@@ -52,6 +56,9 @@ def read_dataset_metadata(directory: str, key: str = "data.source") -> dict[str,
     if metadata is not None:
         return metadata
     if tf.io.gfile.isdir(directory):
+        kind, files = kind_of_folder(directory)
+        if kind is not None:
+            raise DataError(f"{key}.dir: {directory!r}: {convert_hint(kind, files, directory.rstrip('/') + '_converted')}")
         raise DataError(
             f"{key}.dir: {directory!r} has no {METADATA_FILE}, so its conversion did not finish (or it was not "
             "written by `tpu-pipeline convert`); run the same convert command again to finish it"
@@ -60,7 +67,7 @@ def read_dataset_metadata(directory: str, key: str = "data.source") -> dict[str,
         raise DataError(f"{key}.dir: {directory!r} does not exist: it is the built-in demo data, which "
                         "`tpu-pipeline demo` (or `tpu-pipeline train` without --config) writes on first use")
     raise DataError(f"{key}.dir: {directory!r} does not exist; create it with `tpu-pipeline convert --from "
-                    f"image-folder|csv|numpy|tfds SOURCE --out {directory}`, or point {key}.dir at a converted dataset")
+                    f"{CONVERT_SOURCES} SOURCE --out {directory}`, or point {key}.dir at a converted dataset")
 
 
 def load_dataset_dir(directory: str, split: Optional[str] = None, key: str = "data.source") -> tuple[dict[str, Any], dict[str, Any]]:
