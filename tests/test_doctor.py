@@ -78,7 +78,32 @@ def test_planted_per_example_parse(shards):
     raw["source"]["record_batch"] = 0
     diagnosis = diagnose(config_from_dict({"data": raw}).data, batches=20, repeats=2, records=512)
     assert "data.parse=batched" in diagnosis.tuned_overrides
-    assert diagnosis.tuned.examples_per_sec > 1.5 * diagnosis.pipeline.examples_per_sec, diagnosis.table()
+    # The batched parse does a fraction of the work (7-13x less CPU per example measured here, loaded or
+    # not): CPU time is the sharp check. The rates, 8-11x apart here, once came out 1.24x apart when the
+    # tuned runs met a burst of other work, so the wall-clock check is only that the fix is not withdrawn.
+    work = diagnosis.pipeline.cpu_seconds_per_example / diagnosis.tuned.cpu_seconds_per_example
+    assert work > 2.0 and not diagnosis.withdrawn, diagnosis.table()
+
+
+def test_fixes_that_measured_slower_are_withdrawn_and_said_to_be(shards):
+    """Issue 47 item 3: the doctor proposed data.options.private_threadpool_size=2, measured it at 0.84x and said
+    nothing. A proposal that measured slower is shown with its figure and not proposed (nor written)."""
+    import dataclasses
+
+    raw = small_config(shards, batch_size=8, repeat="forever", num_parallel_calls=1)
+    measured = diagnose(config_from_dict({"data": raw}).data, batches=4, repeats=1, records=64)
+    assert measured.findings and measured.tuned is not None
+    slower = dataclasses.replace(measured, tuned=dataclasses.replace(
+        measured.tuned, examples_per_sec=0.84 * measured.pipeline.examples_per_sec))
+    assert slower.withdrawn and slower.tuned_overrides == [] and slower.as_dict()["withdrawn"] is True
+    table = slower.table()
+    assert "findings (withdrawn: their fixes together measured 0.84x here, slower than the configuration" in table
+    assert "(0.84x, measured in this run: slower, so not proposed)" in table
+    assert all(finding.problem in table for finding in slower.findings)  # still shown, with their fixes
+    faster = dataclasses.replace(slower, tuned=dataclasses.replace(
+        measured.tuned, examples_per_sec=1.5 * measured.pipeline.examples_per_sec))
+    assert not faster.withdrawn and faster.tuned_overrides == [o for f in faster.findings for o in f.overrides]
+    assert "withdrawn" not in faster.table()
 
 
 def test_a_per_record_shuffle_before_batch_then_parse_gets_the_window_shuffle(shards):
@@ -141,14 +166,18 @@ def test_bench_and_doctor_json_have_the_documented_fields(shards, tmp_path):
     assert "bottleneck:" in result.stdout and "ceiling (b) read-bound" in result.stdout
     doctor = json.load(open(doctor_json))
     assert set(doctor) >= {"section", "cores", "pipeline", "ceilings", "fraction_of_limit", "stages", "bottleneck",
-                           "findings", "tuned_overrides", "tuned", "tuned_speedup"}
+                           "findings", "tuned_overrides", "tuned", "tuned_speedup", "withdrawn"}
     assert [s["name"] for s in doctor["stages"]][:2] == ["batch", "parse (batched)"]
     assert set(doctor["stages"][0]) == {"name", "seconds_per_example", "examples_per_sec_one_thread"}
     cores = doctor["cores"]
     if cores > 1:
-        assert f"data.num_parallel_calls={cores}" in doctor["tuned_overrides"]
+        assert [f"data.num_parallel_calls={cores}"] in [finding["overrides"] for finding in doctor["findings"]]
         tuned = yaml.safe_load(open(tuned_yaml))
-        assert tuned["data"]["num_parallel_calls"] == cores and tuned["data"]["batch_size"] == 64
+        # The tuned config holds the fixes unless they measured slower here (with bench beside it, they can).
+        assert doctor["withdrawn"] == (doctor["tuned_speedup"] < 1.0)
+        expected = 1 if doctor["withdrawn"] else cores
+        assert doctor["tuned_overrides"] == ([] if doctor["withdrawn"] else [f"data.num_parallel_calls={cores}"])
+        assert tuned["data"]["num_parallel_calls"] == expected and tuned["data"]["batch_size"] == 64
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -110,8 +110,18 @@ class Diagnosis:
         return self.pipeline.examples_per_sec / self.ceilings.limit
 
     @property
+    def tuned_speedup(self) -> Optional[float]:
+        return self.tuned.examples_per_sec / self.pipeline.examples_per_sec if self.tuned else None
+
+    @property
+    def withdrawn(self) -> bool:
+        """The proposed changes measured slower than the configuration here: they are not proposed (the
+        findings are still shown, with that figure)."""
+        return self.tuned_speedup is not None and self.tuned_speedup < 1.0
+
+    @property
     def tuned_overrides(self) -> list[str]:
-        return [o for finding in self.findings for o in finding.overrides]
+        return [] if self.withdrawn else [o for finding in self.findings for o in finding.overrides]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -128,7 +138,8 @@ class Diagnosis:
             "findings": [{"problem": f.problem, "overrides": list(f.overrides)} for f in self.findings],
             "tuned_overrides": self.tuned_overrides,
             "tuned": self.tuned.as_dict() if self.tuned else None,
-            "tuned_speedup": self.tuned.examples_per_sec / self.pipeline.examples_per_sec if self.tuned else None,
+            "tuned_speedup": self.tuned_speedup,
+            "withdrawn": self.withdrawn,
             "sequence": self.sequence.as_dict() if self.sequence else None,
             "measured": describe(self.pipeline, self.warmup, self.first_batch_seconds),
             "sources": self.sources["counts"] if self.sources else None,
@@ -163,15 +174,19 @@ class Diagnosis:
             lines += said
             enough = ratio >= HEADROOM
         lines.append(f"bottleneck{' of the input pipeline' if self.model is not None else ''}: {self.bottleneck}")
-        if self.findings:
+        if self.withdrawn:
+            lines.append(f"findings (withdrawn: their fixes together measured {self.tuned_speedup:.2f}x here, slower "
+                         "than the configuration; nothing is proposed):")
+        elif self.findings:
             lines.append("findings (not needed on this host, see the verdict):" if enough else "findings:")
-            for finding in self.findings:
-                lines.append(f"  - {finding.problem}\n      fix: {' '.join(finding.overrides)}")
         else:
             lines.append("findings: none: the configuration already runs at this machine's limit")
+        for finding in self.findings:
+            lines.append(f"  - {finding.problem}\n      fix: {' '.join(finding.overrides)}")
         if self.tuned:
-            speedup = self.tuned.examples_per_sec / self.pipeline.examples_per_sec
-            lines.append(f"tuned pipeline:            {self.tuned.examples_per_sec:,.0f} examples/s ({speedup:.2f}x, measured in this run)")
+            slower = ": slower, so not proposed" if self.withdrawn else ""
+            lines.append(f"tuned pipeline:            {self.tuned.examples_per_sec:,.0f} examples/s "
+                         f"({self.tuned_speedup:.2f}x, measured in this run{slower})")
         if self.sequence:
             lines += self.sequence.lines()
         return "\n".join(lines)
