@@ -153,3 +153,19 @@ def test_devices_on_jax_names_the_framework_and_counts_its_devices(tmp_path, dem
     assert refused.returncode == 2 and refused.stderr.strip().endswith(
         "model.framework is tensorflow but KERAS_BACKEND=jax; make them agree: unset KERAS_BACKEND, or set it to "
         "tensorflow, or change model.framework"), refused.stderr[-2000:]
+
+
+def test_training_names_data_repeat_only_to_a_user_who_set_it(caplog):
+    """Issue 47 item 7: "data.repeat=1: training repeats the data forever" was logged on configs/image_folder.yaml,
+    which sets no repeat (its default, 1, is for evaluation and bench)."""
+    import logging
+
+    from tpu_pipeline.train.runner import _training_data
+
+    caplog.set_level(logging.INFO)
+    unset = load_config("configs/image_folder.yaml", ["data.source.dir=/nowhere"])
+    assert "repeat" not in unset.data.model_fields_set and _training_data(unset).repeat == "forever"
+    assert "data.repeat" not in caplog.text
+    set_ = load_config("configs/image_folder.yaml", ["data.source.dir=/nowhere", "data.repeat=2"])
+    assert _training_data(set_).repeat == "forever"
+    assert "data.repeat=2: training repeats the data forever" in caplog.text

@@ -98,9 +98,12 @@ def num_classes(config: Config, pipeline: Pipeline) -> int:
 
 
 def _training_data(config: Config) -> DataConfig:
-    """Training needs an endless stream (Keras counts epochs by steps_per_epoch)."""
+    """Training needs an endless stream (Keras counts epochs by steps_per_epoch). Said only to a user who set
+    data.repeat: its default (1) is for evaluation and `bench`, and a line about a key nobody set misleads."""
     if config.data.repeat != "forever":
-        logging.info("data.repeat=%s: training repeats the data forever; epochs are train.steps_per_epoch long", config.data.repeat)
+        if "repeat" in config.data.model_fields_set:
+            logging.info("data.repeat=%s: training repeats the data forever; epochs are train.steps_per_epoch long",
+                         config.data.repeat)
         return config.data.model_copy(update={"repeat": "forever"})
     return config.data
 
