@@ -61,6 +61,21 @@ class _OthersInfoFilter(logging.Filter):
         return record.levelno >= logging.WARNING or not any(p in path for p in ("/tensorflow/", "/tf_keras/", "/keras/", "/jax/", "/jaxlib/"))
 
 
+class _PlainOwnInfo(logging.Formatter):
+    """Our own INFO lines as plain text, like the printed ones around them; absl formats them in glog form
+    (`I1128 08:36:38.565674 140286317771648 builder.py:138] model ...`), which a user reads as TensorFlow's.
+    Everything else keeps absl's form, which says where a warning came from."""
+
+    def __init__(self, fallback: logging.Formatter) -> None:
+        super().__init__()
+        self.fallback = fallback
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.INFO and "/tpu_pipeline/" in record.pathname.replace(os.sep, "/"):
+            return record.getMessage()
+        return self.fallback.format(record)
+
+
 def _command_help(name: str, full: bool = False) -> str:
     """The command's own flags first (absl lists its own and TensorFlow's first, 100+ lines); with
     --helpfull, every other flag after them."""
@@ -165,8 +180,10 @@ def _main(argv: list[str]) -> None:
         sys.exit(2)
 
     def run(args: Sequence[str]) -> None:
+        handler = absl_logging.get_absl_handler()
+        handler.setFormatter(_PlainOwnInfo(handler.python_handler.formatter))
         if not verbose:
-            absl_logging.get_absl_handler().addFilter(_OthersInfoFilter())
+            handler.addFilter(_OthersInfoFilter())
         try:
             sys.exit(command(list(args[1:])))
         except TpuPipelineError as error:
