@@ -311,10 +311,13 @@ def test_a_finished_run_started_again_says_so_and_changes_nothing(small_demo, tm
     assert not any(line.startswith(("training ", "step ", "final:")) for line in lines), lines
 
 
-def test_sigterm_mid_epoch_saves_stops_and_never_evaluates(small_demo, tmp_path):
+@pytest.mark.parametrize("signum, by, code", [(signal.SIGTERM, "SIGTERM", 143), (signal.SIGINT, "Ctrl-C", 130)],
+                         ids=["sigterm", "ctrl_c"])
+def test_sigterm_mid_epoch_saves_stops_and_never_evaluates(small_demo, tmp_path, signum, by, code):
     """A SIGTERM leaves seconds: the Checkpointer saves and raises PreemptionStop out of `fit` (no epoch-end
     validation), and `train` writes the metrics so far and exits 143 without its final evaluation. In process,
-    with a real signal (the slow test_preemption.py checks the same through a child)."""
+    with a real signal (the slow test_preemption.py checks the same through a child). A first Ctrl-C does the
+    same and exits 130 (issue 47 item 6: it lost every step since the last checkpoint)."""
     from tpu_pipeline.train import train
     from tpu_pipeline.train.preemption import PreemptionFlag
     from tpu_pipeline.train.runner import Preempted
@@ -329,20 +332,38 @@ def test_sigterm_mid_epoch_saves_stops_and_never_evaluates(small_demo, tmp_path)
     def printer(line: str) -> None:
         lines.append(line)
         if line.startswith("step 2/"):  # mid-epoch 1, whose end would validate
-            handler = signal.getsignal(signal.SIGTERM)
+            handler = signal.getsignal(signum)
             assert isinstance(getattr(handler, "__self__", None), PreemptionFlag), handler  # never kill pytest
-            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signum)
 
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with pytest.raises(Preempted) as stopped:
         train(config, cluster=resolve(ClusterConfig()), printer=printer)
-    assert stopped.value.code == 143
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers  # put back
+    assert stopped.value.code == code
     assert [line for line in lines if line.startswith("saved checkpoint")] == [
-        f"saved checkpoint {run_dir}/checkpoints/ckpt-2 at step 2 (SIGTERM)"], lines
-    assert any(line.startswith("stopped by SIGTERM at step 2 of 8;") for line in lines), lines
+        f"saved checkpoint {run_dir}/checkpoints/ckpt-2 at step 2 ({by})"], lines
+    assert any(line.startswith(f"stopped by {by} at step 2 of 8;") for line in lines), lines
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
-    assert metrics["stopped_by_sigterm_at_step"] == 2 == metrics["steps"], metrics
+    assert metrics["stopped_by_sigterm_at_step"] == 2 == metrics["steps"] and metrics["stopped_by"] == by, metrics
     assert "eval_loss" not in metrics and "eval_accuracy" not in metrics, metrics  # no final evaluation
     assert "val_loss" not in metrics["history"] and not metrics["history"].get("epoch"), metrics  # nor validation
+
+
+def test_a_second_ctrl_c_quits_at_once(capfd):
+    """The first Ctrl-C asks for a save (and says how to skip it), the second raises KeyboardInterrupt at once."""
+    from tpu_pipeline.train.preemption import PreemptionFlag
+
+    before = signal.getsignal(signal.SIGINT)
+    with PreemptionFlag() as flag:
+        signal.raise_signal(signal.SIGINT)
+        assert flag.requested and flag.stopped_by == "Ctrl-C" and flag.exit_code == 130
+        assert "press Ctrl-C again to quit at once without saving" in capfd.readouterr().err
+        signal.raise_signal(signal.SIGTERM)  # a SIGTERM after it changes nothing: Ctrl-C asked first
+        assert flag.stopped_by == "Ctrl-C"
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_training_config_errors_name_the_key(small_demo, tmp_path):

@@ -292,12 +292,13 @@ class Checkpointer(tf_keras.callbacks.Callback):
         end the epoch is finished: its training figures go into the history, its validation never runs."""
         self.preempted_at = step
         self.model.stop_training = True
+        by = self.preemption.stopped_by or "SIGTERM"
         if step % self.steps_per_epoch == 0 and step // self.steps_per_epoch > int(self.state.epoch.numpy()):
             epoch = step // self.steps_per_epoch
             self.state.finish_epoch(epoch - 1, self._train_logs)
-            self.save(f"epoch {epoch}, SIGTERM")
+            self.save(f"epoch {epoch}, {by}")
         else:
-            self.save("SIGTERM")
+            self.save(by)
         raise PreemptionStop(step)
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:

@@ -1,4 +1,4 @@
-"""SIGTERM → a checkpoint at a step every training process agrees on, then exit 143.
+"""SIGTERM (or Ctrl-C) → a checkpoint at a step every training process agrees on, then exit 143 (130).
 
 Cloud TPU VMs, GCE spot VMs and Kubernetes send SIGTERM some seconds before they kill. On one
 process the step to save at is simply the next one. With several TF_CONFIG workers only some of
@@ -15,6 +15,7 @@ on the same store TF uses.
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any, Optional
@@ -77,26 +78,46 @@ class StopAgreement:
             pass
 
 
-class PreemptionFlag:
-    """SIGTERM sets `requested`; `stop_now(step)` says when this process should save and stop.
+STOPPED_BY = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+EXIT_CODES = {"SIGTERM": 143, "Ctrl-C": 130}  # 128 + the signal: what a scheduler or a shell reads
+CTRL_C_LINE = ("Ctrl-C: saving a checkpoint after this step, then stopping (the same command resumes); "
+               "press Ctrl-C again to quit at once without saving\n")
 
-    Installed only from the main thread (Python delivers signals there); a notebook or a thread
-    that trains keeps the default handler.
+
+class PreemptionFlag:
+    """SIGTERM or Ctrl-C sets `requested`; `stop_now(step)` says when this process should save and stop.
+
+    Ctrl-C is what users press far more often than a scheduler sends SIGTERM, and it lost every step since
+    the last checkpoint: the first one now saves and stops like a SIGTERM, and a second one quits at once
+    (KeyboardInterrupt, as before). Installed only from the main thread (Python delivers signals there); a
+    thread that trains keeps the default handlers.
     """
 
     def __init__(self, agreement: Optional[StopAgreement] = None) -> None:
         self.requested = False
+        self.stopped_by: Optional[str] = None  # "SIGTERM" or "Ctrl-C": the first that asked
         self.agreement = agreement
         self._stop_step: Optional[int] = None
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "PreemptionFlag":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            for signum in STOPPED_BY:
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.stopped_by == "Ctrl-C":  # the second Ctrl-C: at once
+            signal.signal(signal.SIGINT, self._previous.pop(signal.SIGINT))
+            raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            os.write(2, CTRL_C_LINE.encode())  # not print: the main thread may be inside a print
+        self.stopped_by = self.stopped_by or STOPPED_BY[signum]
         self.requested = True
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.stopped_by or "SIGTERM"]
 
     def stop_now(self, step: int) -> bool:
         """True once this process has finished the step at which it (and all its peers) must stop."""
@@ -110,7 +131,8 @@ class PreemptionFlag:
         return self._stop_step is not None and step >= self._stop_step
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
         if self.agreement is not None:
             self.agreement.close()

@@ -109,11 +109,11 @@ def _training_data(config: Config) -> DataConfig:
 
 
 class Preempted(SystemExit):
-    """Training stopped on SIGTERM after saving a checkpoint; exit code 143 (128 + SIGTERM) tells a
-    scheduler the job did not finish and should be started again."""
+    """Training stopped on SIGTERM (or Ctrl-C) after saving a checkpoint; exit code 143 (128 + SIGTERM; 130
+    after Ctrl-C) tells a scheduler or a shell the job did not finish and should be started again."""
 
-    def __init__(self) -> None:
-        super().__init__(143)
+    def __init__(self, code: int = 143) -> None:
+        super().__init__(code)
 
 
 def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Printer = _print,
@@ -359,12 +359,13 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
     if checkpointer.preempted_at is not None:
         # A preemption notice leaves seconds: the metrics so far (no evaluation), then exit 143.
         metrics[PREEMPTED_KEY] = checkpointer.preempted_at
+        metrics["stopped_by"] = preemption.stopped_by or "SIGTERM"
         files.write_metrics(metrics)
-        printer(f"stopped by SIGTERM at step {checkpointer.preempted_at} of {total_steps}; the checkpoint is saved "
+        printer(f"stopped by {metrics['stopped_by']} at step {checkpointer.preempted_at} of {total_steps}; the checkpoint is saved "
                 f"and the metrics so far are in {metrics_path(run_dir)} (no evaluation): start the same command "
                 "again to resume")
         sys.stdout.flush()
-        raise Preempted()
+        raise Preempted(preemption.exit_code)
     if by_source is not None:
         printer("trained on " + shares_line(train_data.mixture, *by_source.totals())
                 + f" (from step {resumed_from}; all counts: 'mixture' in {metrics_path(run_dir)})")
