@@ -102,20 +102,25 @@ def test_ctrl_c_in_demo_says_nothing_was_written(tmp_path, demo_cache):
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_train_names_the_last_checkpoint_it_resumes_from(tmp_path, small_demo_dir):
+def test_ctrl_c_in_train_saves_at_the_next_step_and_says_so(tmp_path, small_demo_dir):
+    """Issue 47 item 6: a Ctrl-C lost every step since the last checkpoint. The first one now saves at the next
+    step, stops as a SIGTERM does and exits 130; a second one quits at once (test_train.py, in process)."""
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
     overrides = [f"data.source.dir={small_demo_dir}", f"eval_data.source.dir={small_demo_dir}",
                  "data.preprocess.1.size=32", "eval_data.preprocess.1.size=32", "data.batch_size=32",
                  "eval_data.batch_size=32", f"train.run_dir={run_dir}", "train.epochs=1000",
-                 "train.checkpoint_every_steps=2", "train.log_every_steps=2"]
+                 "train.checkpoint_every_steps=1000", "train.log_every_steps=2"]
     child = start("train", ["--config", os.path.join(REPO, "configs", "demo.yaml"), *overrides], log)
-    wait_until(child, lambda: "saved checkpoint" in open(log).read(), "a checkpoint was saved")
-    kept = the_line(interrupt(child, log), "train")
+    wait_until(child, lambda: "step 2/" in open(log).read(), "a step was logged")
+    output = interrupt(child, log)
+    assert "Ctrl-C: saving a checkpoint after this step, then stopping" in output, output[-3000:]
+    stopped = [line for line in output.splitlines() if line.startswith("stopped by Ctrl-C at step ")]
+    assert len(stopped) == 1 and "start the same command again to resume" in stopped[0], output[-3000:]
+    step = int(stopped[0].split()[5])
     latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
-    assert latest is not None
-    assert kept == (f"the last checkpoint, {latest} (step {latest.rsplit('-', 1)[1]}), is kept; run the same "
-                    "command again to resume from it (steps trained after it are trained again)"), kept
+    assert step >= 2 and latest is not None and latest.endswith(f"ckpt-{step}"), (latest, stopped)
+    assert f"saved checkpoint {latest} at step {step} (Ctrl-C)" in output, output[-3000:]
 
 
 @pytest.fixture(scope="module")
