@@ -160,6 +160,23 @@ def test_a_language_models_loss_is_its_weighted_cross_entropy_and_a_classifiers_
         "eval_loss": 1.5, "eval_token_accuracy": 0.25, "eval_perplexity": 4.48}
 
 
+def test_the_figures_come_in_one_order_whichever_keras_logged_them():
+    """Issue 47 item 7: Keras 3 on JAX logs its metrics alphabetically, tf_keras the loss first, so the same run's
+    epoch lines read differently on the two frameworks. The task's own figures come first, the loss leading."""
+    jax_order = {"bits_per_byte": 1.0, "cross_entropy": 2.0, "loss": 3.0, "perplexity": 4.0, "token_accuracy": 0.5,
+                 "val_bits_per_byte": 1.1, "val_cross_entropy": 2.1, "val_loss": 3.1, "val_perplexity": 4.1,
+                 "val_token_accuracy": 0.6}
+    tf_order = dict(sorted(jax_order.items(), key=lambda item: item[0] not in ("loss", "val_loss")))
+    language_model = tasks.task_named("language_model")
+    for logs in (jax_order, tf_order):
+        assert list(language_model.reported(logs)) == [
+            "loss", "token_accuracy", "perplexity", "bits_per_byte",
+            "val_loss", "val_token_accuracy", "val_perplexity", "val_bits_per_byte"]
+    assert list(tasks.task_named("classification").reported(
+        {"accuracy": 0.5, "loss": 0.7, "val_accuracy": 0.4, "val_loss": 0.8, "zeta": 1.0})) == [
+        "loss", "accuracy", "zeta", "val_loss", "val_accuracy"]
+
+
 # --- a new task is one new module ----------------------------------------------------------------------
 
 TOY_TASK = '''

@@ -50,7 +50,18 @@ class Task(abc.ABC):
         shown.pop("cross_entropy", None)
         if "val_cross_entropy" in shown:
             shown["val_loss"] = shown.pop("val_cross_entropy")
-        return shown
+        return self._in_order(shown)
+
+    def _in_order(self, shown: dict[str, Any]) -> dict[str, Any]:
+        """One order whichever Keras logged: the task's own figures (the loss first), then any other
+        alphabetically, then the validation ones alike. Keras 3 on JAX logs its metrics alphabetically and
+        tf_keras loss first, so the same run's lines read differently on the two frameworks."""
+        trained = [name for name in self.trained_figures(shown) if name in shown]
+        others = sorted(name for name in shown if not name.startswith("val_") and name not in trained)
+        order = trained + others
+        order += [f"val_{name}" for name in order if f"val_{name}" in shown]
+        order += sorted(name for name in shown if name not in order)
+        return {name: shown[name] for name in order}
 
     def evaluation_figures(self, evaluation: Mapping[str, Any]) -> dict[str, float]:
         """metrics.json's `eval_*` figures from `model.evaluate(return_dict=True)`: `eval_loss` is the
