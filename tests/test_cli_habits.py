@@ -169,3 +169,18 @@ def test_training_names_data_repeat_only_to_a_user_who_set_it(caplog):
     set_ = load_config("configs/image_folder.yaml", ["data.source.dir=/nowhere", "data.repeat=2"])
     assert _training_data(set_).repeat == "forever"
     assert "data.repeat=2: training repeats the data forever" in caplog.text
+
+
+def test_the_demo_data_says_where_it_was_written_once(tmp_path, caplog):
+    """Issue 47 item 7: the demo data was written without saying where. The first run says it, later ones
+    reuse it quietly."""
+    import logging
+
+    from tpu_pipeline.records import ensure_demo_dataset
+
+    caplog.set_level(logging.INFO)
+    out_dir = ensure_demo_dataset(str(tmp_path), num_train=8, num_eval=4, size=8, num_shards=1)
+    assert f"wrote the built-in demo data (8 training and 4 validation 8x8 images) to {out_dir}" in caplog.text
+    caplog.clear()
+    assert ensure_demo_dataset(str(tmp_path), num_train=8, num_eval=4, size=8, num_shards=1) == out_dir
+    assert "wrote" not in caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
@@ -99,4 +100,6 @@ def ensure_demo_dataset(
             "splits": splits,
         },
     )
+    logging.info("wrote the built-in demo data (%d training and %d validation %dx%d images) to %s; later runs "
+                 "reuse it (TPU_PIPELINE_CACHE moves it)", num_train, num_eval, size, size, out_dir)
     return out_dir

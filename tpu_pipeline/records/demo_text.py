@@ -14,6 +14,8 @@ import sys
 import tempfile
 from typing import Callable, Iterable
 
+from absl import logging
+
 from tpu_pipeline.format import read_metadata
 from tpu_pipeline.records.convert import ConvertOptions, convert
 from tpu_pipeline.records.text_input import TextSource
@@ -52,6 +54,8 @@ def _convert_once(out_dir: str, stem: str, documents: Callable[[], Iterable[str]
                 handle.write(json.dumps({"text": document}) + "\n")
         source = TextSource([path], splits=splits, seed=0, tokenizer="bytes", text_field="text")
         convert(source, out_dir, ConvertOptions(min_shards=4, progress=False))
+    logging.info("wrote the built-in demo text (%s) to %s; later runs reuse it (TPU_PIPELINE_CACHE moves it)",
+                 stem, out_dir)
     return out_dir
 
 
