@@ -179,8 +179,8 @@ def test_the_demo_data_says_where_it_was_written_once(tmp_path, caplog):
     from tpu_pipeline.records import ensure_demo_dataset
 
     caplog.set_level(logging.INFO)
-    out_dir = ensure_demo_dataset(str(tmp_path), num_train=8, num_eval=4, size=8, num_shards=1)
-    assert f"wrote the built-in demo data (8 training and 4 validation 8x8 images) to {out_dir}" in caplog.text
+    out_dir = ensure_demo_dataset(str(tmp_path), num_train=8, num_eval=4, size=32, num_shards=1)
+    assert f"wrote the built-in demo data (8 training and 4 validation 32x32 images) to {out_dir}" in caplog.text
     caplog.clear()
-    assert ensure_demo_dataset(str(tmp_path), num_train=8, num_eval=4, size=8, num_shards=1) == out_dir
+    assert ensure_demo_dataset(str(tmp_path), num_train=8, num_eval=4, size=32, num_shards=1) == out_dir
     assert "wrote" not in caplog.text
