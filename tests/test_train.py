@@ -283,8 +283,16 @@ def test_a_run_whose_last_epoch_did_not_validate_evaluates_once_at_its_end(small
         "train.epochs=3", "train.steps_per_epoch=2", "train.eval_every_epochs=2", "train.tensorboard=false",
         "model.schedule.warmup_epochs=0", "model.cnn.filters=[8]"])
     evaluations = counting_evaluations(monkeypatch)
-    metrics = train(config, printer=lambda line: None)
+    # Issue 47 item 5: a line every 30 s while an evaluation runs; here every batch, to see both evaluations say it.
+    monkeypatch.setattr("tpu_pipeline.train.callbacks.EVALUATION_LINE_SECONDS", 0.0)
+    lines: list[str] = []
+    metrics = train(config, printer=lines.append)
     assert len(evaluations) == 2  # epoch 2's validation, then the final one: epoch 3 trained after it
+    steps = config.eval_data and len([line for line in lines if line.startswith("evaluating: 1 of ")])
+    assert steps == 2, lines  # one first line per evaluation, each naming train.eval_steps
+    assert all(line.endswith("(train.eval_steps evaluates fewer batches)")
+               for line in lines if line.startswith("evaluating: 1 of ")), lines
+    assert any(re.fullmatch(r"evaluating: 2 of \d+ batches in \d+ s, about \d+ s to go", line) for line in lines), lines
     assert len(metrics["history"]["val_loss"]) == 1 and metrics["history"]["epoch"] == [1, 2, 3]
     assert metrics["eval_loss"] != metrics["history"]["val_loss"][-1]  # the final model's, not epoch 2's
 

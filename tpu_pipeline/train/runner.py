@@ -40,7 +40,7 @@ from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_
 from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import Cadence, TimedCheckpointer, cadence
-from tpu_pipeline.train.callbacks import PreemptionStop, ProgressLogger, StepTracker, TrainState
+from tpu_pipeline.train.callbacks import EvaluationProgress, PreemptionStop, ProgressLogger, StepTracker, TrainState
 from tpu_pipeline.train.framework import (framework_and_cluster, is_peer_failure, peer_errors, peer_failure,
                                           tensorboard_callback)
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
@@ -294,7 +294,9 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
 
         checkpointer = TimedCheckpointer(files, state, steps, plan=saves, preemption=preemption, printer=printer,
                                          before_save=before_save, steps=tracker)
-        callbacks: list[Any] = [*([tracker] if tracker is not None else []), progress, checkpointer]
+        evaluation_progress = EvaluationProgress(validation_steps, printer)
+        callbacks: list[Any] = [*([tracker] if tracker is not None else []), progress, checkpointer,
+                                evaluation_progress]
         if config.train.tensorboard:
             callbacks.append(tensorboard_callback(config, cluster, os.path.join(run_dir, "tensorboard"), printer))
         started = time.perf_counter()
@@ -379,7 +381,8 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
         evaluation = state.validation_after(epochs - 1)
         if evaluation is None:
             with said_in_one_line():
-                evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True)
+                evaluation = model.evaluate(eval_dataset, steps=validation_steps, verbose=0, return_dict=True,
+                                            callbacks=[EvaluationProgress(validation_steps, printer)])
         metrics.update(state.task.evaluation_figures(evaluation))  # eval_loss: the weighted cross-entropy
         metrics["eval_examples"] = None if config.train.eval_steps else eval_pipeline.source.count_examples()
         if config.eval_data.mixture is not None:
