@@ -477,3 +477,23 @@ def test_global_clipnorm_reads_an_embedding_gradient_as_its_dense_sum(keras):
     dense = step(dense=True)
     assert np.linalg.norm(dense) == pytest.approx(1.0, rel=1e-5)  # clipped to the global norm
     np.testing.assert_allclose(step(dense=False), dense, rtol=1e-5, atol=1e-7)
+
+
+def test_the_attention_kernels_start_alike_on_both_kerases():
+    """Issue 47 item 1: Keras 3.15 gives its Glorot the attention kernels' true axes (a standard deviation four
+    times tf_keras's for the query, key and value), so from each framework's own draw the two trained apart.
+    Every kernel of our Transformer starts from the same distribution on both."""
+    keras3 = pytest.importorskip("keras")
+    if not hasattr(keras3, "ops"):
+        pytest.skip("no Keras 3 here")
+    section = {"architecture": "transformer", "keras": "keras3",
+               "transformer": {"width": 64, "depth": 1, "heads": 4, "mlp_dim": 128, "vocab_size": 50}}
+    spreads = {}
+    for keras in (tf_keras, keras3):
+        model = build_network(keras, ModelConfig.from_dict(section), {"tokens": [16]}, 50, task="language_model")
+        spreads[keras.__name__] = {(getattr(w, "path", None) or w.name).removesuffix(":0"): float(np.std(w.numpy()))
+                                   for w in model.weights if "kernel" in w.name or "embeddings" in w.name}
+    ours, theirs = spreads["tf_keras"], spreads["keras"]
+    assert sorted(ours) == sorted(theirs) and any("attention/query" in name for name in ours), (ours, theirs)
+    for name, spread in ours.items():
+        assert theirs[name] == pytest.approx(spread, rel=0.1), (name, spread, theirs[name])
