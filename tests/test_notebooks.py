@@ -265,10 +265,11 @@ def test_the_cell_installs_from_the_source_and_says_what_in_one_line(cell, capsy
     assert ran[-1][-1] == fake and len(ran) == 4
     out = capsys.readouterr().out.strip()
     assert out.startswith("installed tpu_pipeline ") and f"from {fake} for the TPU (Colab TPU runtime (v5e-1))" in out
-    assert len(out.splitlines()) == 1, out
+    # One line of what was installed, and on this v5e the path it chose (test below).
+    assert len(out.splitlines()) == 2 and out.splitlines()[1].startswith("TPU v5e-1: this cell installed"), out
     cell["sys"] = sys  # TensorFlow imported before the cell (as in this process): it must be restarted
     cell["install_tpu_pipeline"](fake)
-    assert capsys.readouterr().out.strip().splitlines()[1].startswith("TensorFlow was imported in this session")
+    assert capsys.readouterr().out.strip().splitlines()[2].startswith("TensorFlow was imported in this session")
 
     def failing(command, **kwargs):
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution found for libtpu==0.0.10")
@@ -277,3 +278,14 @@ def test_the_cell_installs_from_the_source_and_says_what_in_one_line(cell, capsy
     cell["install_commands"] = lambda *a: [[sys.executable, "-m", "pip", "install", "libtpu==0.0.10"]]
     with pytest.raises(SystemExit, match="pip install libtpu==0.0.10 failed:\nERROR: No matching distribution"):
         cell["install_tpu_pipeline"](fake)
+
+
+def test_on_a_v5e_or_v6e_runtime_the_cell_says_which_path_it_installed_and_where_the_other_is(cell):
+    """Issue 47 item 8: on Colab's v5e-1 and v6e-1 runtimes the cell installed the TPU TensorFlow without a word,
+    though Cloud's guides for those TPUs use JAX. It now says which path it chose and where the JAX path is."""
+    for kind in ("v6e-1", "v5e-1", "v5litepod-8"):
+        note = cell["path_note"]("Colab TPU runtime", {"TPU_ACCELERATOR_TYPE": kind})
+        assert note.startswith(f"TPU {kind}: this cell installed the TensorFlow path"), note
+        assert "model.framework=jax" in note and "docs/tpu.md#which-backend" in note, note
+    assert cell["path_note"]("Colab TPU runtime", {"TPU_ACCELERATOR_TYPE": "v2-8"}) is None  # TensorFlow's own
+    assert cell["path_note"](None, {"TPU_ACCELERATOR_TYPE": "v6e-1"}) is None  # no TPU: nothing installed for one
