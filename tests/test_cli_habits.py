@@ -184,3 +184,22 @@ def test_the_demo_data_says_where_it_was_written_once(tmp_path, caplog):
     caplog.clear()
     assert ensure_demo_dataset(str(tmp_path), num_train=8, num_eval=4, size=32, num_shards=1) == out_dir
     assert "wrote" not in caplog.text
+
+
+def test_matplotlibs_font_cache_notice_is_not_shown_but_its_other_warnings_are():
+    """Issue 47 item 7: a JAX run printed "Matplotlib is building the font cache" (Keras 3's import pulls
+    matplotlib in). The CLI's filter drops that notice, as it drops TensorFlow's INFO lines; every other
+    warning stays."""
+    import logging
+
+    from tpu_pipeline.cli import _OthersInfoFilter
+
+    def record(path: str, level: int, message: str) -> logging.LogRecord:
+        return logging.LogRecord("matplotlib.font_manager", level, path, 1, message, None, None)
+
+    shown = _OthersInfoFilter().filter
+    font_manager = "/venv/lib/python3.11/site-packages/matplotlib/font_manager.py"
+    assert not shown(record(font_manager, logging.WARNING, "Matplotlib is building the font cache; this may take a moment."))
+    assert shown(record(font_manager, logging.WARNING, "findfont: Font family 'Foo' not found."))
+    assert not shown(record("/venv/lib/python3.11/site-packages/tensorflow/x.py", logging.INFO, "Sharding callback duration"))
+    assert shown(record("/work/tpu_pipeline/train/runner.py", logging.INFO, "model transformer: 1 parameters"))

@@ -53,11 +53,14 @@ def _usage() -> str:
 
 class _OthersInfoFilter(logging.Filter):
     """Drops INFO lines that TensorFlow, Keras and JAX log through absl (e.g. "Sharding callback duration"
-    at every checkpoint, JAX's "Unable to initialize backend 'tpu'" off a TPU); ours and every warning
+    at every checkpoint, JAX's "Unable to initialize backend 'tpu'" off a TPU), and matplotlib's font-cache
+    notice (Keras 3's `import keras` imports matplotlib where it is installed); ours and every other warning
     stay. `--verbosity` keeps them all."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         path = record.pathname.replace(os.sep, "/")
+        if "/matplotlib/" in path and record.getMessage().startswith("Matplotlib is building the font cache"):
+            return False  # once per machine, when Keras 3's import pulls matplotlib in: not a warning to act on
         return record.levelno >= logging.WARNING or not any(p in path for p in ("/tensorflow/", "/tf_keras/", "/keras/", "/jax/", "/jaxlib/"))
 
 
