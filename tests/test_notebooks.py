@@ -289,3 +289,14 @@ def test_on_a_v5e_or_v6e_runtime_the_cell_says_which_path_it_installed_and_where
         assert "model.framework=jax" in note and "docs/tpu.md#which-backend" in note, note
     assert cell["path_note"]("Colab TPU runtime", {"TPU_ACCELERATOR_TYPE": "v2-8"}) is None  # TensorFlow's own
     assert cell["path_note"](None, {"TPU_ACCELERATOR_TYPE": "v6e-1"}) is None  # no TPU: nothing installed for one
+
+
+def test_every_notebook_quiets_tensorflows_native_info_lines_before_importing_it():
+    """Issue 47 item 7: the notebooks showed TensorFlow's C++ INFO lines (buffer sizes, oneDNN), which the CLI hides.
+    The first cell after the install sets TF_CPP_MIN_LOG_LEVEL=2 as the CLI does, before anything imports
+    TensorFlow (a user's own setting stays)."""
+    for name in NOTEBOOKS:
+        notebook = nbformat.read(os.path.join(REPO, "notebooks", name), as_version=4)
+        code = [cell.source for cell in notebook.cells if cell.cell_type == "code"][1:]  # after the install cell
+        setting = 'os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")'
+        assert setting in code[0] and code[0].index(setting) < code[0].index("from tpu_pipeline"), name
