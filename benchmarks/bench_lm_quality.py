@@ -50,7 +50,7 @@ from tpu_pipeline import Pipeline, load_config  # noqa: E402
 from tpu_pipeline.config.loader import apply_overrides, config_from_dict, read_layered  # noqa: E402
 from tpu_pipeline.demo import ensure_builtin_data  # noqa: E402
 from tpu_pipeline.model.builder import build_model  # noqa: E402
-from tpu_pipeline.model.optimizers import ADAMW_DEFAULT_WEIGHT_DECAY  # noqa: E402
+from tpu_pipeline.model.optimizers import ADAMW_DEFAULT_WEIGHT_DECAY, clip_summed_slices  # noqa: E402
 from tpu_pipeline.model.schedules import schedule_steps  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,6 +163,9 @@ def main() -> None:
                         help="NAME:key=value,key=value — an extra 'ours' model with these overrides")
     parser.add_argument("--no_default", action="store_true", help="leave out 'ours' with the config as it is")
     parser.add_argument("--no_reference", action="store_true", help="leave out the Keras reference")
+    parser.add_argument("--reference_dense_clip", action="store_true",
+                        help="add the reference with its global_clipnorm reading embedding gradients' true norm "
+                             "(tf_keras's own reads the unsummed rows: model/optimizers.py, clip_summed_slices)")
     parser.add_argument("--seed", type=int, default=0, help="initial weights' seed (the batches stay the same)")
     parser.add_argument("--json", default=None, help="write every result here")
     args = parser.parse_args()
@@ -197,15 +200,21 @@ def main() -> None:
                                byte_offset=byte_offset)
         return make
 
-    def reference() -> Any:
-        model = reference_model(vocab, length, t.width, t.depth, t.heads, t.mlp_dim or 4 * t.width)
-        model.compile(optimizer=reference_optimizer(config, steps_per_epoch, epochs),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
+    def reference(dense_norm_clip: bool = False) -> Callable[[], Any]:
+        def make() -> Any:
+            model = reference_model(vocab, length, t.width, t.depth, t.heads, t.mlp_dim or 4 * t.width)
+            optimizer = reference_optimizer(config, steps_per_epoch, epochs)
+            if dense_norm_clip:  # the clip by the gradient's true norm, as ours clips (model/optimizers.py)
+                clip_summed_slices(optimizer)
+            model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model
+        return make
 
     runs: list[tuple[str, Callable[[], Any]]] = []
     if not args.no_reference:
-        runs.append(("reference (tf_keras)", reference))
+        runs.append(("reference (tf_keras)", reference()))
+    if args.reference_dense_clip:
+        runs.append(("reference, true-norm clip", reference(dense_norm_clip=True)))
     if not args.no_default:
         runs.append(("ours (config)", ours([])))
     for spec in args.variant:

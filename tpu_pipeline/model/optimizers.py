@@ -31,12 +31,13 @@ def build_optimizer(keras: ModuleType, config: OptimizerConfig, learning_rate: A
     if weight_decay:
         optimizer.exclude_from_weight_decay(var_names=NO_DECAY_NAMES)
     if config.global_clipnorm:
-        _clip_summed_slices(optimizer)
+        clip_summed_slices(optimizer)
     return optimizer
 
 
-def _clip_summed_slices(optimizer: Any) -> None:
-    """Makes the clip measure an embedding's gradient as the dense gradient it stands for.
+def clip_summed_slices(optimizer: Any) -> None:
+    """Makes the clip measure an embedding's gradient as the dense gradient it stands for (also used by
+    benchmarks/bench_lm_quality.py on its plain Keras reference).
 
     On TensorFlow an embedding lookup's gradient is a `tf.IndexedSlices` with one row per occurrence of
     a token, and both tf_keras and Keras 3 clip (`_clip_gradients`) before anything sums the rows of
