@@ -84,6 +84,14 @@ CTRL_C_LINE = ("Ctrl-C: saving a checkpoint after this step, then stopping (the 
                "press Ctrl-C again to quit at once without saving\n")
 
 
+class Preempted(SystemExit):
+    """Training stopped on SIGTERM (or Ctrl-C) after saving a checkpoint; exit code 143 (128 + SIGTERM; 130
+    after Ctrl-C) tells a scheduler or a shell the job did not finish and should be started again."""
+
+    def __init__(self, code: int = 143) -> None:
+        super().__init__(code)
+
+
 class PreemptionFlag:
     """SIGTERM or Ctrl-C sets `requested`; `stop_now(step)` says when this process should save and stop.
 

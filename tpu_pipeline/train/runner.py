@@ -47,7 +47,7 @@ from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figure
 from tpu_pipeline.train.mixture_state import MIXTURE_KEY, MixtureState
 from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_shape
 from tpu_pipeline.train.peer_watch import watching_peers
-from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
+from tpu_pipeline.train.preemption import Preempted, PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
 from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
 from tpu_pipeline.train.stall import StallWatch, kept_line
@@ -106,14 +106,6 @@ def _training_data(config: Config) -> DataConfig:
                          config.data.repeat)
         return config.data.model_copy(update={"repeat": "forever"})
     return config.data
-
-
-class Preempted(SystemExit):
-    """Training stopped on SIGTERM (or Ctrl-C) after saving a checkpoint; exit code 143 (128 + SIGTERM; 130
-    after Ctrl-C) tells a scheduler or a shell the job did not finish and should be started again."""
-
-    def __init__(self, code: int = 143) -> None:
-        super().__init__(code)
 
 
 def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Printer = _print,
