@@ -34,17 +34,22 @@ def bytes_kind(head: bytes) -> Optional[str]:
         if error.start < len(head) - 3:  # not just a character cut at the end of the sample
             return None
     # A TFRecord begins with an 8-byte little-endian length: zero bytes, which text never holds.
-    if any(byte in _TEXT_CONTROL for byte in head[:SNIFF_BYTES]):
+    if any(byte in _TEXT_CONTROL for byte in head):
         return None
     return "text"
 
 
 def convert_hint(kind: str, paths: str, out: str = "DIR") -> str:
     """The sentence that names what the files are and the command that converts them."""
-    source = {"text": "text", "parquet": "parquet"}[kind]
-    what = {"text": "text files", "parquet": "Parquet files"}[kind]
+    what = {"text": "text files", "parquet": "Parquet files"}[kind]  # each kind is also its `--from` name
     return (f"these are {what}, not TFRecords: convert them with "
-            f"`tpu-pipeline convert --from {source} {paths} --out {out}` and point the config at {out}")
+            f"`tpu-pipeline convert --from {kind} {paths} --out {out}` and point the config at {out}")
+
+
+def file_hint(path: str) -> Optional[str]:
+    """The convert hint for a file that failed to read as a TFRecord, when it is text or Parquet."""
+    kind = file_kind(path)
+    return convert_hint(kind, sibling_glob(path)) if kind is not None else None
 
 
 def sibling_glob(path: str) -> str:

@@ -24,7 +24,7 @@ import tensorflow as tf
 from tpu_pipeline.config.data import DataConfig
 from tpu_pipeline.format.example_check import (Record as Proto, context_features, is_token_feature, misfit,
                                                 parse_record, token_ids)
-from tpu_pipeline.format.sniff import convert_hint, file_kind, sibling_glob
+from tpu_pipeline.format.sniff import file_hint
 from tpu_pipeline.format.vocabulary import Vocabulary, checked_vocabulary
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline.checks.record_scan import FramingFault, Record, scan_records
@@ -231,11 +231,8 @@ class FileChecker:
             if isinstance(item, FramingFault):
                 framed += 0 if item.rest_lost else 1
                 what = item.what + ("; the rest of the file cannot be read" if item.rest_lost else "")
-                fix = FIXES[item.kind]
-                kind = file_kind(path) if item.index == 0 else None  # text or Parquet given as TFRecords
-                if kind is not None:
-                    fix = convert_hint(kind, sibling_glob(path))
-                faults.append(Fault(path, item.index, item.offset, item.kind, what, fix))
+                hint = file_hint(path) if item.index == 0 else None  # text or Parquet given as TFRecords
+                faults.append(Fault(path, item.index, item.offset, item.kind, what, hint or FIXES[item.kind]))
                 if first_only:
                     return framed, faults
                 continue

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.example_check import misfit
-from tpu_pipeline.format.sniff import convert_hint, file_kind, sibling_glob
+from tpu_pipeline.format.sniff import file_hint
 from tpu_pipeline.pipeline.sources.base import RecordFileSource
 
 
@@ -25,9 +25,9 @@ def first_record(path: str, compression: str = "") -> Optional[bytes]:
             for record in tf.data.TFRecordDataset(path, compression_type=compression).take(1):
                 return bytes(record.numpy())
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-            kind = file_kind(path)
-            if kind is not None:
-                raise DataError(f"{path}: {convert_hint(kind, sibling_glob(path))}") from None
+            hint = file_hint(path)
+            if hint is not None:
+                raise DataError(f"{path}: {hint}") from None
             first_line = (str(error).splitlines() or [""])[0]
             raise DataError(f"{path}: the first record cannot be read ({type(error).__name__}: {first_line}); the "
                             "file is damaged or not a TFRecord file (check data.source.compression; "
