@@ -334,7 +334,7 @@ class Checkpointer(tf_keras.callbacks.Callback):
         end the epoch is finished: its training figures go into the history, its validation never runs."""
         self.preempted_at = step
         self.model.stop_training = True
-        by = self.preemption.stopped_by or "SIGTERM"
+        by = self.preemption.reason
         if step % self.steps_per_epoch == 0 and step // self.steps_per_epoch > int(self.state.epoch.numpy()):
             epoch = step // self.steps_per_epoch
             self.state.finish_epoch(epoch - 1, self._train_logs)

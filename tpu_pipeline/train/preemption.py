@@ -124,8 +124,13 @@ class PreemptionFlag:
         self.requested = True
 
     @property
+    def reason(self) -> str:
+        """What the stop is called in lines and metrics.json: "Ctrl-C", else "SIGTERM" (also when a peer asked)."""
+        return self.stopped_by or "SIGTERM"
+
+    @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.stopped_by or "SIGTERM"]
+        return EXIT_CODES[self.reason]
 
     def stop_now(self, step: int) -> bool:
         """True once this process has finished the step at which it (and all its peers) must stop."""

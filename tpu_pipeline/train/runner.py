@@ -353,7 +353,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
     if checkpointer.preempted_at is not None:
         # A preemption notice leaves seconds: the metrics so far (no evaluation), then exit 143.
         metrics[PREEMPTED_KEY] = checkpointer.preempted_at
-        metrics["stopped_by"] = preemption.stopped_by or "SIGTERM"
+        metrics["stopped_by"] = preemption.reason
         files.write_metrics(metrics)
         printer(f"stopped by {metrics['stopped_by']} at step {checkpointer.preempted_at} of {total_steps}; the checkpoint is saved "
                 f"and the metrics so far are in {metrics_path(run_dir)} (no evaluation): start the same command "
