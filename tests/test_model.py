@@ -355,6 +355,24 @@ def test_eight_replicas_fit_with_steps_per_execution_4_learns(eight_replica_stra
     assert int(model.optimizer.iterations.numpy()) == steps * epochs  # every step ran, 4 per call
 
 
+def test_the_train_jobs_model_traces_its_training_step_once(eight_replica_strategy):
+    """The run's checkpoint builds the optimizer's slots under the strategy (model/checkpointed.py): left to
+    fit's first step, tf_keras creates them inside the traced step and tf.function traces it a second time
+    (3 of a language-model run's 18 s, on every start and resume)."""
+    from tpu_pipeline.model.checkpointed import CheckpointedModel
+
+    x, y = linear_problem(n=128)
+    cfg = config(architecture="mlp", mlp={"hidden_units": [8]}, optimizer={"name": "adam"}, steps_per_execution=2)
+    model = build_model(cfg, strategy=eight_replica_strategy, kind="cpu", input_shape=[8], num_classes=4,
+                        steps_per_epoch=2, epochs=1)
+    CheckpointedModel(model)
+    slots = [v for v in model.optimizer.variables if v is not model.optimizer.iterations]
+    assert len(slots) == 2 * len(model.trainable_variables)  # Adam's two moments, before any step
+    assert all(isinstance(v, tf.distribute.DistributedValues) for v in slots), "slots made outside the strategy"
+    model.fit(distributed(eight_replica_strategy, x, y), epochs=1, steps_per_epoch=2, verbose=0)
+    assert model.train_function.experimental_get_tracing_count() == 1
+
+
 @pytest.mark.parametrize("synchronized", [True, False])
 def test_eight_replicas_synchronized_batch_norm_trains(eight_replica_strategy, synchronized):
     tf_keras.utils.set_random_seed(0)
