@@ -13,7 +13,7 @@ from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.cluster.coordination import StoreUnavailable
 from tpu_pipeline.cluster.resolver import worker_id
 from tpu_pipeline.errors import ClusterError
-from tpu_pipeline.train.preemption import PreemptionFlag, StopAgreement
+from tpu_pipeline.train.preemption import Preempted, PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import check_same_restore
 
 pytestmark = pytest.mark.tf_builds
@@ -103,6 +103,30 @@ def test_worker_0_hosts_the_store_so_it_waits_until_a_late_peer_has_closed():
     StopAgreement(store, 1, 2, "run0").close()
     assert host_closed.wait(5)
     closing.join()
+
+
+class WatchedStore(MemoryStore):
+    """Records whose "closed" key a worker waited for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.awaited: list[str] = []
+
+    def get(self, key: str, timeout_seconds: Optional[float] = None) -> Optional[str]:
+        if "/closed/" in key:
+            self.awaited.append(key)
+        return super().get(key, timeout_seconds)
+
+
+@pytest.mark.parametrize("ending, waits", [(None, True), (Preempted, True), (tf.errors.UnavailableError, False),
+                                           (KeyboardInterrupt, False)])
+def test_worker_0_waits_for_its_peers_only_when_training_did_not_fail(ending, waits):
+    """A peer SIGKILLed mid-run never closes: worker 0, failing on its collective, waited the whole
+    _CLOSE_WAIT_SECONDS (60 s) before its "start every worker again" (two-worker tests spent a minute there)."""
+    store = WatchedStore()
+    store.set("tpu_pipeline/run0/stop_at_step/closed/1", "1")  # the clean cases' peer, closed already
+    PreemptionFlag(StopAgreement(store, 0, 2, "run0")).__exit__(ending, None, None)
+    assert store.awaited == (["tpu_pipeline/run0/stop_at_step/closed/1"] if waits else [])
 
 
 class GoneStore(MemoryStore):

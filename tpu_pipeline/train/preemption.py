@@ -60,18 +60,20 @@ class StopAgreement:
             self.store.get(f"{self.key}/ack/{worker}")
         return int(agreed)
 
-    def close(self) -> None:
+    def close(self, wait_for_peers: bool = True) -> None:
         """Releases every worker's watcher (the first value set stays, so this is harmless after a stop).
 
         Worker 0 hosts the store (the chief, or worker 0 without one) and waits until every peer
         has closed too: a peer that finishes its last step a moment later must still find the store,
-        or it would fail a run that succeeded. A peer that cannot reach the store any more only
-        means the host has already gone, so that is not an error here.
+        or it would fail a run that succeeded. A run that is failing (`wait_for_peers=False`: a peer
+        died, a record was bad) waits for nobody: a dead peer never closes, and worker 0 spent
+        _CLOSE_WAIT_SECONDS before its "start every worker again". A peer that cannot reach the store
+        any more only means the host has already gone, so that is not an error here.
         """
         try:
             self.store.set(self.key, _DONE)
             self.store.set(f"{self.key}/closed/{self.worker_id}", "1")
-            if self.worker_id == 0:
+            if self.worker_id == 0 and wait_for_peers:
                 for worker in range(1, self.num_workers):
                     self.store.get(f"{self.key}/closed/{worker}", timeout_seconds=_CLOSE_WAIT_SECONDS)
         except StoreUnavailable:
@@ -143,9 +145,11 @@ class PreemptionFlag:
                 self._stop_step = self.agreement.step
         return self._stop_step is not None and step >= self._stop_step
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
         if self.agreement is not None:
-            self.agreement.close()
+            # Training that ended, or stopped at the agreed step (Preempted is a SystemExit), waits for its
+            # peers to close; training that fails (an error, a second Ctrl-C) does not.
+            self.agreement.close(wait_for_peers=exc_type is None or issubclass(exc_type, SystemExit))
