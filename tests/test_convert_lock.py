@@ -22,7 +22,7 @@ import tensorflow as tf
 from test_convert import FAST, REPO, make_image_folder, read_split
 from tpu_pipeline.errors import DataError
 from tpu_pipeline.records import ConvertOptions, convert, read_metadata
-from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
+from tpu_pipeline.records.convert import SHARD_DELAY_ENV, SHARD_HOLD_ENV, STATE_DIR
 from tpu_pipeline.records.image_folder import ImageFolderSource
 from tpu_pipeline.records.out_lock import LOCK_FILE, out_lock
 
@@ -206,12 +206,15 @@ def test_a_second_concurrent_convert_cli_refuses_and_the_first_finishes(tmp_path
     out = tmp_path / "out"
     common = ["--from", "image-folder", str(tmp_path / "images"), "--out", str(out), "--target_shard_mb", "0.001",
               "--min_shards", "1", "--workers", "2", "--noprogress"]
-    first = start_cli(common + ["--seed", "1"], tmp_path / "first.log", {SHARD_DELAY_ENV: "1.5"})
+    hold = tmp_path / "hold"  # the first conversion waits after each shard while this file exists
+    hold.touch()
+    first = start_cli(common + ["--seed", "1"], tmp_path / "first.log", {SHARD_HOLD_ENV: str(hold)})
     try:
         wait_for_shards(first, out, 1)
         second = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "convert", *common, "--seed", "2"],
                                 cwd=REPO, capture_output=True, text=True, timeout=300)
         assert first.poll() is None, "the first conversion must still run while the second is refused"
+        hold.unlink()
         assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
         if first.poll() is None:

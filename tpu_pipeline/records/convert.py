@@ -46,6 +46,8 @@ STATE_DIR = "_incomplete"
 PLAN_FILE = "plan.json"
 # Tests only: seconds to pause after each finished shard, so that a kill lands mid-conversion.
 SHARD_DELAY_ENV = "TPU_PIPELINE_TEST_SHARD_DELAY_S"
+# A test holds a conversion mid-run: while this file exists, each finished shard waits (tests/test_convert_lock.py).
+SHARD_HOLD_ENV = "TPU_PIPELINE_TEST_SHARD_HOLD"
 _SHARD_FILE = re.compile(r"^[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?$")
 COMPRESSIONS = ("", "GZIP", "ZLIB")
 
@@ -364,6 +366,9 @@ class _ShardWriter:
         delay = float(os.environ.get(SHARD_DELAY_ENV, "0") or 0)
         if delay:
             time.sleep(delay)
+        hold = os.environ.get(SHARD_HOLD_ENV)
+        while hold and os.path.exists(hold):
+            time.sleep(0.05)
 
     def abandon(self) -> None:
         if self.writer is not None:
