@@ -98,7 +98,8 @@ def kill_convert_after_shards(args: list[str], out, log_path, shards: int = 3) -
     import sys
     import time
 
-    from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
+    from tpu_pipeline.records.convert import STATE_DIR
+    from tpu_pipeline.records.shard_pause import SHARD_DELAY_ENV
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(log_path, "w") as log:

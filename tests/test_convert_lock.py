@@ -22,7 +22,8 @@ import tensorflow as tf
 from test_convert import FAST, REPO, make_image_folder, read_split
 from tpu_pipeline.errors import DataError
 from tpu_pipeline.records import ConvertOptions, convert, read_metadata
-from tpu_pipeline.records.convert import SHARD_DELAY_ENV, SHARD_HOLD_ENV, STATE_DIR
+from tpu_pipeline.records.convert import STATE_DIR
+from tpu_pipeline.records.shard_pause import SHARD_DELAY_ENV, SHARD_HOLD_ENV
 from tpu_pipeline.records.image_folder import ImageFolderSource
 from tpu_pipeline.records.out_lock import LOCK_FILE, out_lock
 

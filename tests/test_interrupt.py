@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from test_convert import REPO, make_image_folder
 from tpu_pipeline.records import read_metadata
-from tpu_pipeline.records.convert import SHARD_DELAY_ENV, STATE_DIR
+from tpu_pipeline.records.convert import STATE_DIR
+from tpu_pipeline.records.shard_pause import SHARD_DELAY_ENV
 
 pytestmark = pytest.mark.tf_independent
 

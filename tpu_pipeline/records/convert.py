@@ -25,7 +25,6 @@ import json
 import os
 import re
 import sys
-import time
 import uuid
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
@@ -38,16 +37,13 @@ from tpu_pipeline.records.convert_input import ConvertSource, Encoded, ItemError
 from tpu_pipeline.records.out_lock import out_lock
 from tpu_pipeline.records.parallel import ordered_map
 from tpu_pipeline.records.sharding import num_shards_for, shard_bounds
+from tpu_pipeline.records.shard_pause import pause_after_shard
 from tpu_pipeline.format.metadata import METADATA_FILE, read_metadata, shard_name, write_metadata
 from tpu_pipeline.system import available_cores, local_path
 
 FORMAT_VERSION = 1
 STATE_DIR = "_incomplete"
 PLAN_FILE = "plan.json"
-# Tests only: seconds to pause after each finished shard, so that a kill lands mid-conversion.
-SHARD_DELAY_ENV = "TPU_PIPELINE_TEST_SHARD_DELAY_S"
-# A test holds a conversion mid-run: while this file exists, each finished shard waits (tests/test_convert_lock.py).
-SHARD_HOLD_ENV = "TPU_PIPELINE_TEST_SHARD_HOLD"
 _SHARD_FILE = re.compile(r"^[A-Za-z0-9_]+-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?$")
 COMPRESSIONS = ("", "GZIP", "ZLIB")
 
@@ -363,12 +359,7 @@ class _ShardWriter:
             record["stats"] = self.stats
         _write_json(f"{path}.json", record)
         self.shard = None
-        delay = float(os.environ.get(SHARD_DELAY_ENV, "0") or 0)
-        if delay:
-            time.sleep(delay)
-        hold = os.environ.get(SHARD_HOLD_ENV)
-        while hold and os.path.exists(hold):
-            time.sleep(0.05)
+        pause_after_shard()  # tests only (records/shard_pause.py)
 
     def abandon(self) -> None:
         if self.writer is not None:
