@@ -18,7 +18,8 @@ weights, differ. From each run's metrics.json:
          wall steps/s of the whole fit (train_seconds less checkpoint time: compilation and the epoch-end
          validations in), and input_wait_fraction
 
-Round r uses train.seed=r for both frameworks (the batches' order and the initial weights change with it),
+Round r uses train.seed=r for both frameworks (the batches' order and the initial weights change with it;
+`--first_seed F` starts at F, to add seeds to an earlier run's),
 so the spread over rounds is that of the seeds. The two frameworks draw different initial weights from one
 seed; `--same_init` gives them the same: the TensorFlow run (first in every round then) saves its model's
 weights as built, by name, and the JAX run's model takes them (a Keras 3 weight's path is its tf_keras
@@ -110,6 +111,7 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--first_seed", type=int, default=1, help="round r uses train.seed=first_seed+r (more seeds later)")
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--workloads", default="image,text")
     parser.add_argument("--image_epochs", type=int, default=12)  # the demo's own: accuracy near its plateau
@@ -130,7 +132,7 @@ def main() -> None:
             order = FRAMEWORKS if round_ % 2 == 0 or args.same_init else FRAMEWORKS[::-1]
             weights = os.path.join(tempfile.mkdtemp(), "initial.npz") if args.same_init else ""
             for framework in order:
-                figures = run(workload, framework, args, seed=round_ + 1, weights=weights)
+                figures = run(workload, framework, args, seed=args.first_seed + round_, weights=weights)
                 results[workload][framework].append(figures)
                 print(f"{workload} round {round_ + 1} {framework}: " + ", ".join(
                     f"{key} {value:.4f}" for key, value in figures.items()), flush=True)
