@@ -15,6 +15,7 @@ it serves data parallelism (replicated weights), not weights sharded over device
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any, Iterable
 
@@ -74,7 +75,7 @@ def _host_value(variable: Any) -> np.ndarray:
 
 
 def _build_slots_in_scope(model: Any) -> None:
-    """Creates the optimizer's slots now, under the model's strategy, instead of in fit's first step.
+    """Creates the optimizer's slots now (under the model's strategy on TensorFlow), not in fit's first step.
 
     tf_keras builds them inside the first traced training step; a tf.function that creates variables
     is traced a second time without them, so fit traced its step twice (measured: 3 s of an 18 s
@@ -86,7 +87,8 @@ def _build_slots_in_scope(model: Any) -> None:
     built = getattr(optimizer, "built", getattr(optimizer, "_built", False))  # Keras 3's name, tf_keras's
     if built or not model.trainable_variables:
         return  # built already, or a model whose variables do not exist yet (fit builds both)
-    with model.distribute_strategy.scope():
+    strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's; a JAX model has none
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
         optimizer.build(model.trainable_variables)
 
 
@@ -105,10 +107,8 @@ class CheckpointedModel:
             return
         self._mirrors = [KerasVariables(model.weights, "model")]  # not the metrics' running sums
         if with_optimizer:
-            optimizer = model.optimizer
-            if not optimizer.built:  # its slots exist only after the first step otherwise
-                optimizer.build(model.trainable_variables)
-            self._mirrors.append(KerasVariables(optimizer.variables, "optimizer"))
+            _build_slots_in_scope(model)  # the mirror needs the slots, which exist only after a step otherwise
+            self._mirrors.append(KerasVariables(model.optimizer.variables, "optimizer"))
         self.parts = dict(zip(("model", "optimizer"), self._mirrors))
 
     def before_save(self) -> None:
