@@ -111,7 +111,8 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--first_seed", type=int, default=1, help="the first round's train.seed; each next round adds 1 (more seeds for an earlier run)")
+    parser.add_argument("--first_seed", type=int, default=1,
+                        help="the first round's train.seed; each next round adds 1 (more seeds for an earlier run)")
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--workloads", default="image,text")
     parser.add_argument("--image_epochs", type=int, default=12)  # the demo's own: accuracy near its plateau
