@@ -68,6 +68,7 @@ def serve(address: str) -> dict:
 
     for module in PRELOADED + (("tf_keras",) if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true") else ()):
         importlib.import_module(module)
+    _find_devices_once()
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address + ".tmp")
@@ -92,6 +93,19 @@ def serve(address: str) -> dict:
         connection.sendall(_STATUS.pack(pid))
         _WAITING.add(connection)
         threading.Thread(target=_report_exit, args=(pid, connection), daemon=True).start()
+
+
+def _find_devices_once() -> None:
+    """What TensorFlow looks up once per process, before its first op, looked up here for every child.
+
+    The TPU TensorFlow, without libtpu (TPU_LOAD_LIBRARY=0, as on this machine), looks for a TPU platform five
+    times a second apart: 4 s of each child's wall time. C++ keeps the answer in a static, which a fork
+    inherits. Only the C++ list is taken: the Python context, its threads and its cached devices stay unmade,
+    so a child still splits the CPU or chooses its devices as a fresh process does.
+    """
+    from tensorflow.python import pywrap_tfe
+
+    pywrap_tfe.TF_ListPhysicalDevices()
 
 
 _WAITING: set = set()  # the server's connections to tests waiting on a child (a new child closes its copies)
