@@ -18,6 +18,9 @@ What a fresh interpreter would differ in, and how it is kept:
 - Python's hash seed is fixed per process: two servers per key, used in turn, give consecutive children
   (a killed run and its resume) different seeds, as fresh interpreters have. `random` reseeds itself
   after a fork; NumPy's global generator is reseeded here.
+- TensorFlow finds the machine's devices once per process, before its first op (the TPU build waits 4 s
+  there for a TPU platform): the server finds them, and the children inherit the answer
+  (`_find_devices_once`), except at TF_CPP_MIN_LOG_LEVEL=0, whose INFO lines from that lookup are the child's.
 - The exit status reaches the test through the server (the child is the server's), so `Popen.wait`,
   `poll` and `communicate` read it from the request's socket.
 
@@ -68,7 +71,8 @@ def serve(address: str) -> dict:
 
     for module in PRELOADED + (("tf_keras",) if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true") else ()):
         importlib.import_module(module)
-    _find_devices_once()
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "0":  # at 0 the lookup's INFO lines are the child's to print
+        _find_devices_once()
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address + ".tmp")
@@ -101,7 +105,10 @@ def _find_devices_once() -> None:
     The TPU TensorFlow, without libtpu (TPU_LOAD_LIBRARY=0, as on this machine), looks for a TPU platform five
     times a second apart: 4 s of each child's wall time. C++ keeps the answer in a static, which a fork
     inherits. Only the C++ list is taken: the Python context, its threads and its cached devices stay unmade,
-    so a child still splits the CPU or chooses its devices as a fresh process does.
+    so a child still splits the CPU or chooses its devices as a fresh process does. What the lookup logs
+    (at most an error line where CUDA is missing) the server prints once, not each child; at
+    TF_CPP_MIN_LOG_LEVEL=0 it logs INFO lines a test may look for (tests/test_cli.py), so there each child
+    looks its devices up itself.
     """
     from tensorflow.python import pywrap_tfe
 
