@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.sequences import placement
+from tpu_pipeline.pipeline.sequences import placement_without_xla as without_xla
 from tpu_pipeline.pipeline.sequences.packing import ALGORITHMS, Packer, pack_window
 from tpu_pipeline.pipeline.stages.base import StageContext
 
@@ -191,12 +193,70 @@ def test_placement_without_xla_gives_the_rows_of_the_xla_path() -> None:
             examples = [{"inputs": rng.integers(0, 4, rng.integers(0, 13)).tolist(),
                          "targets": rng.integers(0, 4, rng.integers(0, 6)).tolist()} for _ in range(rng.integers(8, 40))]
         windows.append(ragged_window(examples, lengths))
+    one_key = {"inputs": 64}  # one key has leaner ops without XLA; windows of many loop steps (UNROLLED items each)
+    one_key_windows = [ragged_window([{"inputs": [1] * int(size)} for size in
+                                      np.minimum(rng.lognormal(np.log(n / 12), 0.8, n).round(), 80)], one_key)
+                       for n in (15, 16, 17, 120, 300)]
     for algorithm in ALGORITHMS:
-        xla, plain = (graph_packer(tuple(lengths.items()), algorithm, "truncate", jit) for jit in (True, False))
-        for index, window in enumerate(windows):
-            with_xla, without = xla(window), plain(window)
-            assert all(np.array_equal(with_xla[k], without[k]) for k in with_xla), (
-                f"{algorithm}: window {index} is placed differently without XLA")
+        for keys, cases in ((lengths, windows), (one_key, one_key_windows)):
+            xla, plain = (graph_packer(tuple(keys.items()), algorithm, "truncate", jit) for jit in (True, False))
+            for index, window in enumerate(cases):
+                with_xla, without = xla(window), plain(window)
+                assert all(np.array_equal(with_xla[k], without[k]) for k in with_xla), (
+                    f"{algorithm}: window {index} of keys {list(keys)} is placed differently without XLA")
+
+
+@functools.lru_cache(maxsize=None)
+def executor_loops(best_fit: bool) -> dict:
+    """XLA's item-by-item loop (run by TF's executor here, so under either TensorFlow) and the two loops of
+    placement_without_xla, each on a window's sizes in placement order."""
+    def room_for(sizes, limits):
+        return tf.tile(limits[None, :], [placement._row_bound(sizes, limits) + 1, 1])
+
+    def item_by_item(sizes, limits, weights):
+        return placement._place_loop(tf.pad(sizes, [[0, 1], [0, 0]]), tf.shape(sizes)[0], room_for(sizes, limits),
+                                     weights, best_fit)
+
+    def runs(sizes, limits, weights):
+        room = room_for(sizes, limits)
+        rows, room = without_xla._place_runs(sizes, without_xla._run_starts(sizes), room, weights, best_fit)
+        return rows, tf.reduce_min(room) >= 0
+
+    def unrolled(sizes, limits, weights):
+        rows, room = without_xla._place_unrolled(sizes, room_for(sizes, limits), weights, best_fit)
+        return rows, tf.reduce_min(room) >= 0
+
+    def split(sizes, limits, weights):
+        return without_xla._place_split(sizes, room_for(sizes, limits), weights, best_fit)
+
+    return {name: tf.function(loop, reduce_retracing=True, autograph=False)
+            for name, loop in (("item by item", item_by_item), ("runs", runs), ("unrolled", unrolled),
+                                       ("split", split))}
+
+
+def test_each_loop_without_xla_places_each_item_where_the_item_by_item_loop_does() -> None:
+    """The TPU build's placement has two loops (runs of equal items, UNROLLED items a step) and splits a window
+    between them: each, and the split, must give the rows of the loop XLA compiles, on every algorithm,
+    whichever window it is given; windows with many ties (few sizes), with sizes that seldom repeat, two
+    keys, empty items, and one item."""
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        keys = 1 + trial % 2
+        limits = rng.integers(4, 40, keys).astype(np.int32)
+        count = 1 if trial == 7 else int(rng.integers(1, 150))
+        most = 6 if trial % 4 < 2 else 40  # few sizes (long runs of equal items) or many
+        sizes = np.minimum(rng.integers(0, most, (count, keys)), limits).astype(np.int32)
+        algorithm = ALGORITHMS[trial % 3]
+        weights = placement.size_weights([int(x) for x in limits])
+        order = placement.placement_order(tf.constant(sizes), weights, algorithm != "first_fit").numpy()
+        args = (tf.constant(sizes[order].reshape(count, keys)), tf.constant(limits), tf.constant(weights, tf.int64))
+        loops = executor_loops(algorithm == "best_fit_decreasing")
+        expected, fitted = loops["item by item"](*args)
+        assert bool(fitted)
+        for name in ("runs", "unrolled", "split"):
+            rows, fitted = loops[name](*args)
+            assert bool(fitted) and np.array_equal(rows.numpy()[:count], expected.numpy()[:count]), (
+                f"{algorithm}, {keys} key(s), {count} items: the {name} loop places them otherwise")
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

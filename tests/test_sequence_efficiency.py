@@ -159,10 +159,19 @@ def test_the_doctor_names_the_mode_and_window_that_raise_the_fraction(token_file
     assert f"sequence: pad to {LENGTH}; key 'tokens', {NUM_EXAMPLES} examples seen" in text, text
     assert "fix (advice, not in the tuned config): data.sequence.mode=pack" in text
 
+    assert "placement:" not in text  # pad mode places nothing
+
     raw = sequence_config(token_files, "pack", window=8)
     report = sequence_report(config_from_dict({"data": raw}).data, pipeline_of(raw).plan)
     assert [f.overrides for f in report.findings] == [("data.sequence.window=1024",)]
     assert f"window: 8 packs {report.fraction:.1%}" in report.findings[0].problem
+    # Which placement this TensorFlow runs, asked of the build itself (no XLA for the CPU in the TPU build).
+    try:
+        tf.function(lambda x: x + 1, jit_compile=True)(tf.constant(0))
+        expected = f"placement: rows placed by a loop XLA compiles (TensorFlow {tf.__version__})"
+    except tf.errors.OpError:
+        expected = f"placement: rows placed on TensorFlow's executor: TensorFlow {tf.__version__} has no XLA"
+    assert expected in "\n".join(report.lines()), report.lines()
 
 
 def test_doctor_runs_on_a_sequence_config_and_prints_the_fraction(token_files):

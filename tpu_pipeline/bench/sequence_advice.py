@@ -23,6 +23,7 @@ from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.plan import Plan
 from tpu_pipeline.pipeline.sequences.fill_estimates import pack_fraction, pad_fraction
 from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
+from tpu_pipeline.pipeline.sequences.placement import xla_on_cpu
 from tpu_pipeline.pipeline.sequences.token_count import example_lengths, sequence_keys
 
 LOW_FRACTION = 0.7  # pad or bucket below this share of tokens: pack is worth its segment ids
@@ -46,6 +47,8 @@ class SequenceReport:
     tokens_per_sec: float  # real tokens of `key`, timed batches
     findings: list[Finding]  # each: the fraction it would reach, and the override
     long: Optional["LongExamples"] = None  # examples far longer than length, uncut (None: none, or not measured)
+    placement: str = ""  # pack mode: how this TensorFlow places rows (with XLA or without), one line
+
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "mode": self.mode, "length": self.length, "window": self.window,
@@ -53,7 +56,8 @@ class SequenceReport:
                 "median": self.lengths[2], "non_padding_fraction": self.fraction,
                 "measured_non_padding_fraction": self.measured, "tokens_per_sec": self.tokens_per_sec,
                 "findings": [{"problem": f.problem, "overrides": list(f.overrides)} for f in self.findings],
-                "long_examples": dataclasses.asdict(self.long) if self.long else None}
+                "long_examples": dataclasses.asdict(self.long) if self.long else None,
+                "placement": self.placement or None}
 
     def lines(self) -> list[str]:
         low, high, median = self.lengths
@@ -63,6 +67,8 @@ class SequenceReport:
         measured = (f"{self.measured:.3f} over the timed batches ({self.tokens_per_sec:,.0f} tokens/s), "
                     if self.measured is not None else "")
         lines.append(f"  non-padding fraction: {measured}{self.fraction:.3f} on the examples seen")
+        if self.placement:
+            lines.append(f"  placement: {self.placement}")
         if self.long is not None:
             lines.append(self.long.line(self.length))
         for finding in self.findings:
@@ -169,10 +175,19 @@ def sequence_report(config: DataConfig, plan: Plan, measured: Optional[Measureme
                 f"pack ~{wider:.1%} ({sequence.algorithm}, run {seen}; a resume replays at most one window)",
                 (f"data.sequence.window={PACK_WINDOW}",)))
     ordered = sorted(lengths)
+    placement = placement_line() if mode.places_rows else ""
     return SequenceReport(key, sequence.mode, length, sequence.window, len(lengths),
                           (ordered[0], ordered[-1], float(np.median(ordered))), fraction,
                           measured.non_padding_fraction if measured is not None else None,
                           measured.tokens_per_sec if measured is not None else 0.0, findings,
-                          long_examples(config, key, length, sample))
+                          long_examples(config, key, length, sample), placement)
+
+
+def placement_line() -> str:
+    """How this TensorFlow places packed rows: the cost per item differs by build (docs/sequences.md)."""
+    if xla_on_cpu():
+        return f"rows placed by a loop XLA compiles (TensorFlow {tf.__version__})"
+    return (f"rows placed on TensorFlow's executor: TensorFlow {tf.__version__} has no XLA for the CPU (the TPU "
+            "build); equal sizes are placed together, so windows of many short examples cost least")
 
 

@@ -18,8 +18,10 @@ delivered from the current one) and replays at most one window (the `_row`/`_win
 
 Cost: placement (`placement.place`) is sequential per item: a `tf.while_loop` over the window's
 items, each step one vectorized search of the remaining room of all rows, compiled by XLA (the whole of
-`pack_window` ~1.2-3.3 µs an item; on TF's executor, where there is no XLA for the CPU, ~5-15 µs:
-`bench_packing.py --alone`). Everything else is
+`pack_window` ~1.2-3.3 µs an item). Where there is no XLA for the CPU (the TPU build),
+`placement_without_xla` gives the same rows with loops made for TF's executor (equal sizes placed
+together: ~2.7 µs an item on short documents, more where sizes seldom repeat: `bench_packing.py --alone`).
+Everything else is
 vectorized over the window, and the rows are written as one row-major stream per key
 (`tf.ragged.range` + one `gather`, no scatter). See benchmarks/bench_packing.py and
 benchmarks/README.md (issue 37).

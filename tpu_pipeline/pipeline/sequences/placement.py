@@ -1,8 +1,9 @@
 """Which row each item of a packing window goes to: first fit or best fit, decreasing or in order.
 
 The one sequential part of packing (tpu_pipeline.pipeline.sequences.packing): a `tf.while_loop` over the
-window's items, each step one vectorized search of the remaining room of every row, compiled by XLA
-(or run on TF's executor where this TensorFlow has no XLA for the CPU: the TPU build). Deterministic:
+window's items, each step one vectorized search of the remaining room of every row, compiled by XLA.
+Where this TensorFlow has no XLA for the CPU (the TPU build), `placement_without_xla` gives the same rows
+with loops made for TF's executor. Deterministic:
 sizes combine with integer weights, and ties go to the lowest row by encoding the row index into the
 minimized key, never by argmin's order.
 """
@@ -14,7 +15,8 @@ import math
 
 import tensorflow as tf
 
-_INT64_MAX = (1 << 63) - 1
+from tpu_pipeline.pipeline.sequences.placement_without_xla import INT64_MAX as _INT64_MAX
+from tpu_pipeline.pipeline.sequences.placement_without_xla import place_without_xla
 log = logging.getLogger(__name__)
 
 
@@ -75,11 +77,10 @@ def _place_loop(sizes: tf.Tensor, count: tf.Tensor, room: tf.Tensor, weights: tf
 
 
 # The placement loop is the only sequential part: XLA compiles it to a native loop. The whole of
-# `pack_window` costs ~1.2-3.3 µs an item at a window of 1024 that way, ~5-15 µs on TF's executor
-# running the loop op by op (`benchmarks/bench_packing.py --alone --windows 1024`, README issue 37).
+# `pack_window` costs ~1.2-3.3 µs an item at a window of 1024 that way, ~15-20 µs when TF's executor runs
+# this loop op by op (`benchmarks/bench_packing.py --alone --windows 1024`): hence placement_without_xla.
 # XLA needs static shapes, so items and rows are padded to powers of two: a few compiles a process.
 _place_jit = tf.function(_place_loop, jit_compile=True, reduce_retracing=True, autograph=False)
-_place_graph = tf.function(_place_loop, reduce_retracing=True, autograph=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,15 +88,15 @@ def xla_on_cpu() -> bool:
     """Whether this TensorFlow can compile for the host CPU with XLA (asked once a process).
 
     The TPU build (tensorflow-tpu 2.19) links no XLA CPU backend: a `jit_compile` function on the CPU
-    raises "could not find registered transfer manager for platform Host". There the placement loop
-    runs on TF's executor instead: the same rows, slower (benchmarks/bench_packing.py measures both).
+    raises "could not find registered transfer manager for platform Host". There the placement runs on
+    TF's executor instead (`placement_without_xla`): the same rows (benchmarks/bench_packing.py measures both).
     """
     with tf.init_scope(), tf.device("/CPU:0"):
         try:
             tf.function(lambda x: x + 1, jit_compile=True, autograph=False)(tf.constant(0))
             return True
         except (tf.errors.NotFoundError, tf.errors.UnimplementedError, tf.errors.InvalidArgumentError) as error:
-            log.info("packing: no XLA for the CPU in this TensorFlow (%s); the placement loop runs on TF's executor",
+            log.info("packing: no XLA for the CPU in this TensorFlow (%s); the placement runs on TF's executor",
                      str(error).splitlines()[0][:120])
             return False
 
@@ -129,10 +130,10 @@ def place(sizes: tf.Tensor, limits: tf.Tensor, weights: tf.Tensor, best_fit: boo
         room = tf.tile(limits[None, :], [_power_of_two(_row_bound(sizes, limits)), 1])
         rows, fitted = _place_jit(padded, count, room, weights, best_fit)
     else:
-        # One spare item and row: an empty window would give the scatters an empty input, which their
-        # shape inference refuses even though the loop never runs.
+        # A spare row: an empty window would give the scatters an empty input, which their shape inference
+        # refuses even though the loop never runs.
         room = tf.tile(limits[None, :], [_row_bound(sizes, limits) + 1, 1])
-        rows, fitted = _place_graph(tf.pad(sizes, [[0, 1], [0, 0]]), count, room, weights, best_fit)
+        rows, fitted = place_without_xla(sizes, room, weights, best_fit)
     check = tf.debugging.Assert(fitted, ["packing: an item found no row within the row bound (a bug in packing.py)"])
     with tf.control_dependencies([check]):
         return tf.identity(rows[:count])

@@ -40,22 +40,41 @@ def place_without_xla(sizes: tf.Tensor, room: tf.Tensor, weights: tf.Tensor,
 
 
 def _place_split(sizes: tf.Tensor, room: tf.Tensor, weights: tf.Tensor, best_fit: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """The window's items up to a split item by the unrolled loop, the rest (from a run's start) by runs.
+    """The window in three parts: the items that open a row each (`_openers`) at once, then the unrolled
+    loop up to a split item, then the runs loop from that item (a run's start) to the end.
 
     In a decreasing order the sizes that seldom repeat come first (the long tail) and the long runs of
     equal items last, so the split is put where the two loops' steps cost least in all, counted in
-    items of the unrolled loop. Both loops are exact, so where it falls changes no row."""
-    count = tf.shape(sizes)[0]
-    starts = _run_starts(sizes)
+    items of the unrolled loop. Every part is exact, so where the parts meet changes no row."""
+    limits = room[0]  # the room starts empty: every row is the limits
+    openers = _openers(sizes, limits)
+    rest = sizes[openers:]
+    # Rows the rest can open, by placement._row_bound's argument among them (of two such rows, the earlier
+    # is over half full in some key), and one to spare: fewer rows for every step to search.
+    rest_rows = tf.minimum(tf.shape(rest)[0], 1 + tf.reduce_sum(2 * tf.reduce_sum(rest, axis=0) // limits)) + 1
+    room = tf.concat([room[:1] - sizes[:openers], room[openers:openers + rest_rows]], 0)
+    count = tf.shape(rest)[0]
+    starts = _run_starts(rest)
     runs_from = tf.range(tf.shape(starts)[0], 0, -1)  # runs left from each run's start to the end
     cost = tf.concat([starts + runs_from * RUN_STEP_IN_ITEMS, count[None]], 0)  # the last: no split
     best = tf.cast(tf.argmin(cost), tf.int32)  # any of equal costs: the rows are the same
     split = tf.concat([starts, count[None]], 0)[best]
-    head, room = _place_unrolled(sizes[:split], room, weights, best_fit)
-    tail, room = _place_runs(sizes[split:], starts[best:] - split, room, weights, best_fit)
-    rows = tf.concat([head, tail], 0)
+    head, room = _place_unrolled(rest[:split], room, weights, best_fit)
+    tail, room = _place_runs(rest[split:], starts[best:] - split, room, weights, best_fit)
+    rows = tf.concat([tf.range(openers), head, tail], 0)
     every_item_placed = tf.reduce_max(tf.concat([rows, [0]], 0)) < tf.shape(room)[0]
     return rows, (tf.reduce_min(room) >= 0) & every_item_placed
+
+
+def _openers(sizes: tf.Tensor, limits: tf.Tensor) -> tf.Tensor:
+    """How many first items each open a row of their own, under any of the algorithms: the longest prefix
+    whose items are all over half a row in one same key (no two of them share a row, so each fits no row
+    opened before it and takes the first empty one). In a decreasing order of one key: every item over
+    half a row (a window of documents of 3-256 tokens in rows of 256: about half its items)."""
+    over_half = 2 * sizes > limits  # [N, K]
+    count = tf.shape(sizes)[0]
+    first_not = tf.reduce_min(tf.where(over_half, count, tf.range(count)[:, None]), axis=0)  # [K]
+    return tf.minimum(tf.reduce_max(tf.concat([first_not, [0]], 0)), count)  # an empty window: 0
 
 
 def _run_starts(sizes: tf.Tensor) -> tf.Tensor:

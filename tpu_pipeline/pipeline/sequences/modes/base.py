@@ -65,6 +65,7 @@ class SequenceMode(abc.ABC):
     packs_denser: ClassVar[bool] = True  # packing would fill more of the slots than this mode
     shorter_length_helps: ClassVar[bool] = False  # a shorter length (pad: examples cut) fills more
     wider_window_helps: ClassVar[bool] = False  # a wider window (pack: more items to choose from) fills more
+    places_rows: ClassVar[bool] = False  # rows placed by the packer (placement.py): its cost depends on the build
 
     def example_in_one_row(self, overflow: str) -> bool:
         """Whether every example fills at most one batch row, so a row holds at least one (bucket: no, a

@@ -17,6 +17,7 @@ class PackMode(SequenceMode):
     row_name = "packed rows"
     windowed_output = "row"
     packs_denser = False
+    places_rows = True
     wider_window_helps = True
 
     def plan(self, request: PlanRequest) -> tuple[SequencePlan, str]:
