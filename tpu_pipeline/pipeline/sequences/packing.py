@@ -334,7 +334,7 @@ class Packer(Stage):
     num_parallel_calls: Union[int, str] = "autotune"
     deterministic: Optional[bool] = None
     metadata: bool = False
-    jit_compile: bool = True  # XLA for the placement loop; False runs it on TF's executor (~5x slower)
+    jit_compile: bool = True  # XLA for the placement loop; False: the executor's loops (placement_without_xla)
     counted: Optional[Mapping[str, int]] = None  # per-example int features counted per row (pack_window's)
 
     def __post_init__(self) -> None:
