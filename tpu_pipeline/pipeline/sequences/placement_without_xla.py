@@ -16,8 +16,9 @@ Enter/Merge/Switch nodes included: ~15-20 µs an item at a window of 1,024. Two 
   order, or `first_fit` in window order): the same search as XLA's loop, `UNROLLED` items a loop step,
   with the fewest ops an item, and one TensorArray write a step instead of a scatter per item.
 
-`_place_split` runs the second up to the item where the first becomes cheaper, and the first after it,
-the room carried from one to the other. Either gives XLA's rows exactly (tests/test_packing.py compares
+`_place_split` first puts the items that each open a row (`_openers`) in their rows at once, then runs
+the second loop up to the item where the first becomes cheaper, and the first after it, the room carried
+from one part to the next. Either gives XLA's rows exactly (tests/test_packing.py compares
 them on every algorithm), so a run resumes across TensorFlow builds (tests/test_same_batches.py runs under
 both).
 """
