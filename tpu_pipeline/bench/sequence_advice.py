@@ -49,7 +49,6 @@ class SequenceReport:
     long: Optional["LongExamples"] = None  # examples far longer than length, uncut (None: none, or not measured)
     placement: str = ""  # pack mode: how this TensorFlow places rows (with XLA or without), one line
 
-
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "mode": self.mode, "length": self.length, "window": self.window,
                 "examples_seen": self.examples, "shortest": self.lengths[0], "longest": self.lengths[1],

@@ -16,7 +16,7 @@ import math
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.sequences.placement_without_xla import INT64_MAX as _INT64_MAX
-from tpu_pipeline.pipeline.sequences.placement_without_xla import place_without_xla
+from tpu_pipeline.pipeline.sequences.placement_without_xla import place_without_xla, row_bound as _row_bound
 log = logging.getLogger(__name__)
 
 
@@ -107,19 +107,6 @@ def _power_of_two(count: tf.Tensor) -> tf.Tensor:
     for shift in (1, 2, 4, 8, 16):
         x = tf.bitwise.bitwise_or(x, tf.bitwise.right_shift(x, shift))
     return x + 1
-
-
-def _row_bound(sizes: tf.Tensor, limits: tf.Tensor) -> tf.Tensor:
-    """Rows any first-fit or best-fit packing of `sizes` [N, K] can use: at most
-    min(N, 1 + sum_k floor(2 * tokens_k / length_k)).
-
-    Why: a row opens only when its first item fits no open row, so of two rows, the later one is
-    over half full in some key; hence at most one row is at most half full in every key, and no
-    more than 2 * tokens_k / length_k rows are over half full in key k. For short sequences this
-    is far fewer rows than items (~4x at a median of 12 tokens in rows of 128): a smaller search.
-    """
-    halves = tf.reduce_sum(2 * tf.reduce_sum(sizes, axis=0) // limits)
-    return tf.minimum(tf.shape(sizes)[0], 1 + halves)
 
 
 def place(sizes: tf.Tensor, limits: tf.Tensor, weights: tf.Tensor, best_fit: bool, jit: bool) -> tf.Tensor:

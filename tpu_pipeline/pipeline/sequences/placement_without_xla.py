@@ -50,9 +50,8 @@ def _place_split(sizes: tf.Tensor, room: tf.Tensor, weights: tf.Tensor, best_fit
     limits = room[0]  # the room starts empty: every row is the limits
     openers = _openers(sizes, limits)
     rest = sizes[openers:]
-    # Rows the rest can open, by placement._row_bound's argument among them (of two such rows, the earlier
-    # is over half full in some key), and one to spare: fewer rows for every step to search.
-    rest_rows = tf.minimum(tf.shape(rest)[0], 1 + tf.reduce_sum(2 * tf.reduce_sum(rest, axis=0) // limits)) + 1
+    # Rows the rest can open (`row_bound`'s argument holds among them), and one to spare: fewer rows to search.
+    rest_rows = row_bound(rest, limits) + 1
     room = tf.concat([room[:1] - sizes[:openers], room[openers:openers + rest_rows]], 0)
     count = tf.shape(rest)[0]
     starts = _run_starts(rest)
@@ -76,6 +75,19 @@ def _openers(sizes: tf.Tensor, limits: tf.Tensor) -> tf.Tensor:
     count = tf.shape(sizes)[0]
     first_not = tf.reduce_min(tf.where(over_half, count, tf.range(count)[:, None]), axis=0)  # [K]
     return tf.minimum(tf.reduce_max(tf.concat([first_not, [0]], 0)), count)  # an empty window: 0
+
+
+def row_bound(sizes: tf.Tensor, limits: tf.Tensor) -> tf.Tensor:
+    """Rows any first-fit or best-fit packing of `sizes` [N, K] can use: at most
+    min(N, 1 + sum_k floor(2 * tokens_k / length_k)).
+
+    Why: a row opens only when its first item fits no open row, so of two rows, the later one is
+    over half full in some key; hence at most one row is at most half full in every key, and no
+    more than 2 * tokens_k / length_k rows are over half full in key k. For short sequences this
+    is far fewer rows than items (~4x at a median of 12 tokens in rows of 128): a smaller search.
+    """
+    halves = tf.reduce_sum(2 * tf.reduce_sum(sizes, axis=0) // limits)
+    return tf.minimum(tf.shape(sizes)[0], 1 + halves)
 
 
 def _run_starts(sizes: tf.Tensor) -> tf.Tensor:
