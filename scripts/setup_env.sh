@@ -11,6 +11,9 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 EXTRAS="test,notebook,text,jax"
 # .venv-tpu is the TPUStrategy path: no JAX there (a JAX TPU VM runs no TPU TensorFlow; its tests run in .venv).
 TPU_EXTRAS="test,notebook,text"
+# The reference the augmentation tests compare with (official/vision/ops/augment.py), without its dependency tree
+# (it pins its own TensorFlow): --no-deps, in both environments.
+TFM_REFERENCE="tf-models-official==2.20.0"
 
 # The TPU TensorFlow, and why these pins (docs/tpu.md, "Which TensorFlow"):
 # - tensorflow-tpu 2.19.1 is the last TPU build that works: the registry's 2.20.0 asks only
@@ -35,6 +38,7 @@ if [ "${1:-}" != "--tpu" ]; then
   if [ ! -f "$STAMP" ] || ! .venv/bin/python -c "import tpu_pipeline" 2>/dev/null; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
+    .venv/bin/python -m pip install --quiet --no-deps "$TFM_REFERENCE"
     rm -f .venv/.installed-*
     touch "$STAMP"
   fi
@@ -95,7 +99,7 @@ fi
 "$VENV/bin/python" -m pip install --quiet --no-deps "tf-keras~=$TF_MINOR.0"
 # shellcheck disable=SC2046
 "$VENV/bin/python" -m pip install --quiet "$KEEP_TF" $("$VENV/bin/python" scripts/deps.py --extras "$TPU_EXTRAS")
-"$VENV/bin/python" -m pip install --quiet --no-deps -e .
+"$VENV/bin/python" -m pip install --quiet --no-deps -e . "$TFM_REFERENCE"
 
 # Exactly one TensorFlow distribution: two (tensorflow + tensorflow-tpu) write one tensorflow/ folder.
 "$VENV/bin/python" - <<'EOF'

@@ -209,7 +209,7 @@ def _small_data_for(name: str, tmp_path) -> list[str]:
         convert(ImageFolderSource(str(tmp_path / "images"), splits="train=1.0", seed=1), out,
                 ConvertOptions(min_shards=2, **FAST))
         return [f"data.source.dir={out}", "data.batch_size=4"]
-    if name == "imagenet_resnet.yaml":  # the imagenet_to_gcs layout: JPEG bytes and a 0-based label
+    if name in ("imagenet_resnet.yaml", "imagenet_vit.yaml"):  # the imagenet_to_gcs layout: JPEG bytes, a 0-based label
         rng = np.random.default_rng(0)
         for shard in range(2):
             with tf.io.TFRecordWriter(str(tmp_path / f"train-{shard:05d}-of-00002")) as writer:

@@ -2,7 +2,7 @@
 
 - The TPU check (`target="tpu"`: static shapes, TPU dtypes) passes on every shipped config that trains:
   configs/demo.yaml, the built-in demo config, configs/image_folder.yaml, configs/imagenet_resnet.yaml,
-  configs/text_lm.yaml and configs/text_lm_mixture.yaml, each on small data of the kind it reads, for the
+  configs/imagenet_vit.yaml (RandAugment, random erasing, mixup and CutMix), configs/text_lm.yaml and configs/text_lm_mixture.yaml, each on small data of the kind it reads, for the
   training stream and for one whole pass of the exact evaluation, as an 8-replica strategy distributes them.
   (The exact evaluation of packed rows and of a mixture once failed here: its unpadded counting pass ran
   the check.)
@@ -95,7 +95,7 @@ def shipped(name: str, data: dict[str, str], extra: tuple[str, ...] = ()):
         return demo_config(list(extra), cache_dir=data["demo_cache"], num_train=512, num_eval=128, size=32,
                            num_shards=8)
     sections = ("data", "eval_data")
-    if name == "imagenet_resnet":  # gs://YOUR_BUCKET/imagenet/...: here a small set, at a batch of 8 per replica
+    if name in ("imagenet_resnet", "imagenet_vit"):  # gs://YOUR_BUCKET/imagenet/...: a small set, 8 per replica
         overrides = [f"{section}.source.files={data['imagenet']}/{split}-*" for section, split in
                      zip(sections, ("train", "validation"))] + [f"{section}.batch_size=64" for section in sections]
     elif name == "text_lm_mixture":
@@ -138,7 +138,7 @@ def static_shapes(distributed, steps: Optional[int] = None) -> set[tuple[tuple[i
 # --- (a) the TPU check on every shipped config that trains ----------------------------------------
 
 
-SHIPPED = ["demo", "builtin demo", "image_folder", "imagenet_resnet", "text_lm", "text_lm_mixture"]
+SHIPPED = ["demo", "builtin demo", "image_folder", "imagenet_resnet", "imagenet_vit", "text_lm", "text_lm_mixture"]
 
 
 def test_every_config_in_configs_is_checked():

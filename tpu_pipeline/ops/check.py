@@ -22,7 +22,8 @@ def check_ops(data: Optional["DataConfig"], prefix: str = "data") -> None:
     """Checks every op of `data.preprocess` and `data.augment` without calling its factory.
 
     Raises a ConfigError naming `{prefix}.preprocess[i]` (or augment) for an unknown op, a missing
-    or unknown argument, or a random op in preprocess while `{prefix}.cache` is enabled. None passes.
+    or unknown argument, a random op in preprocess while `{prefix}.cache` is enabled, or a batch-level op
+    (mixup, CutMix) anywhere but at the end of a training pipeline's augment. None passes.
     """
     if data is None:
         return
@@ -31,6 +32,7 @@ def check_ops(data: Optional["DataConfig"], prefix: str = "data") -> None:
             where = f"{prefix}.{section}[{index}]"
             registered = get_op(op.op, where)
             registered.check(op.args, where)
+            _check_batch_level(data, section, index, registered, where, prefix)
             if section == "preprocess" and registered.random and data.cache.enabled:
                 raise ConfigError(
                     f"{where}: op '{op.op}' is random and runs before {prefix}.cache, so the cache "
@@ -48,11 +50,39 @@ def check_ops(data: Optional["DataConfig"], prefix: str = "data") -> None:
                     f"records to the mixture's shape): move it to {prefix}.augment, which runs on every source")
 
 
-def build_ops(ops: Sequence["OpConfig"], where: str = "data.preprocess") -> tuple[list[OpFn], list[bool]]:
+def _check_batch_level(data: "DataConfig", section: str, index: int, registered, where: str, prefix: str) -> None:
+    """A batch-level op mixes a batch's examples: only at the end of a training pipeline's augment."""
+    if registered.batch_level:
+        name = registered.name
+        if prefix.startswith("eval_data"):
+            raise ConfigError(f"{where}: op '{name}' mixes examples and their labels, which an evaluation must "
+                              f"never do (its figures would not be the model's); remove it from {prefix}")
+        if section != "augment":
+            raise ConfigError(f"{where}: op '{name}' works on whole batches; move it to the end of {prefix}.augment")
+        if getattr(data, "sequence", None) is not None:
+            raise ConfigError(f"{where}: op '{name}' mixes images and class labels, not token sequences; "
+                              f"remove it or {prefix}.sequence")
+        return
+    if section == "augment" and any(get_op(op.op, where).batch_level for op in data.augment[:index]):
+        raise ConfigError(f"{where}: op '{data.augment[index].op}' works on single examples but comes after a "
+                          f"batch-level op (mixup_cutmix runs on whole batches); put the batch-level op last in "
+                          f"{prefix}.augment")
+
+
+def build_ops(ops: Sequence["OpConfig"], where: str = "data.preprocess", first: int = 0) -> tuple[list[OpFn], list[bool]]:
     """Calls each op's factory: (the op functions, whether each is random).
 
-    `where` is the ops' config key; a bad argument value is a ConfigError naming `{where}[i]`.
+    `where` is the ops' config key and `first` the index of `ops[0]` there; a bad argument value is a
+    ConfigError naming `{where}[i]`.
     """
-    registered = [get_op(op.op, f"{where}[{index}]") for index, op in enumerate(ops)]
-    fns = [r.build(op.args, f"{where}[{index}]") for index, (r, op) in enumerate(zip(registered, ops))]
+    registered = [get_op(op.op, f"{where}[{first + index}]") for index, op in enumerate(ops)]
+    fns = [r.build(op.args, f"{where}[{first + index}]") for index, (r, op) in enumerate(zip(registered, ops))]
     return fns, [r.random for r in registered]
+
+
+def split_batch_level(ops: Sequence["OpConfig"]) -> tuple[list["OpConfig"], list["OpConfig"]]:
+    """(the ops that run on single examples, the batch-level ops after them): `check_ops` keeps the
+    batch-level ones last."""
+    ops = list(ops)
+    first = next((index for index, op in enumerate(ops) if get_op(op.op).batch_level), len(ops))
+    return ops[:first], ops[first:]

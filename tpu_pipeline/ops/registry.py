@@ -33,6 +33,7 @@ class RegisteredOp:
     factory: Callable[..., OpFn]
     random: bool
     batchable: bool = False  # works unchanged on a batch of features (lets the pipeline batch, then parse)
+    batch_level: bool = False  # mixes the examples of a batch: runs on each per-replica batch, after batching
 
     def parameters(self) -> list[str]:
         return list(inspect.signature(self.factory).parameters)
@@ -71,7 +72,8 @@ class RegisteredOp:
 _REGISTRY: dict[str, RegisteredOp] = {}
 
 
-def register_op(name: str, *, random: bool = False, batchable: bool = False, replace: bool = False) -> Callable:
+def register_op(name: str, *, random: bool = False, batchable: bool = False, batch_level: bool = False,
+                replace: bool = False) -> Callable:
     """Decorator: `@register_op("my_op")` makes a factory usable by name in configs.
 
     Mark ops whose output depends on randomness with `random=True`: the pipeline then passes them a
@@ -79,13 +81,16 @@ def register_op(name: str, *, random: bool = False, batchable: bool = False, rep
     Mark ops that work element-wise on a whole batch with `batchable=True`: when every op of a
     pipeline is, it batches serialized records first and parses and transforms whole batches
     (one thread crossing per batch instead of per record: ~10x faster for small records).
+    Mark ops that combine the examples of a batch (mixup, CutMix) with `batch_level=True`: they may only
+    come last in `data.augment`, and run on each per-replica batch once it is made, with a seed per batch.
     The factory is called only when a pipeline is built, so it may run TensorFlow ops.
     """
 
     def decorator(factory: Callable[..., OpFn]) -> Callable[..., OpFn]:
         if name in _REGISTRY and not replace:
             raise ValueError(f"op '{name}' is already registered; pass replace=True to override it")
-        _REGISTRY[name] = RegisteredOp(name=name, factory=factory, random=random, batchable=batchable)
+        _REGISTRY[name] = RegisteredOp(name=name, factory=factory, random=random, batchable=batchable,
+                                       batch_level=batch_level)
         return factory
 
     return decorator

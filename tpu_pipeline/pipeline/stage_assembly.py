@@ -11,6 +11,7 @@ single examples, e.g. image decoding):
                                                        that epoch's file order and shuffle seeds)
   → [no cache] parse + preprocess, then augment, in ONE map (one thread crossing per element)
   → batch (per-replica share of the global batch, drop_remainder for static TPU shapes)
+  → batch-level augment (mixup, CutMix: ops that mix a batch's examples), with a seed per batch
   → outputs (inputs, targets) → prefetch → tf.data.Options
 
 Batch-then-parse (every op batchable, no cache; small records): the interleave moves blocks of
@@ -30,7 +31,8 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_pipeline.config.data import SEQUENCE_KINDS, DataConfig
-from tpu_pipeline.ops import build_ops
+from tpu_pipeline.ops import build_ops, split_batch_level
+from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.mixed_records import with_sources
 from tpu_pipeline.pipeline.mixtures.mixture_parse import source_parser
 from tpu_pipeline.pipeline.plan import Plan
@@ -52,7 +54,8 @@ FULL_SHUFFLE = tf.data.UNKNOWN_CARDINALITY  # a shuffle buffer that holds the wh
 def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> list[Any]:
     """The stages after the source, as the plan decided them."""
     pre_ops, pre_random = build_ops(config.preprocess, f"{prefix}.preprocess")
-    aug_ops, aug_random = build_ops(config.augment, f"{prefix}.augment")
+    per_example, batch_level = split_batch_level(config.augment)
+    aug_ops, aug_random = build_ops(per_example, f"{prefix}.augment")
     features = plan.features.value
     sequence = plan.sequence.value
     mode = sequence_mode(sequence.mode) if sequence is not None else None  # pad, bucket or pack: its ops and stages
@@ -111,6 +114,10 @@ def stages_from_plan(config: DataConfig, plan: Plan, prefix: str = "data") -> li
         ))
         stages += (mode.stages(sequence, batch, config.num_parallel_calls, batched=False, seed=config.seed)
                    if mode else [batch])
+    if batch_level:  # mixup, CutMix: on each per-replica batch, with a seed per batch
+        mix_ops, mix_random = build_ops(batch_level, f"{prefix}.augment", first=len(per_example))
+        stages.append(MapFeatures(ops=mix_ops, random_ops=mix_random, name="augment_batch",
+                                  purpose=seeds.AUGMENT_BATCH, **map_args))
     if config.outputs is not None:
         stages.append(ToOutputs(config.outputs.inputs, config.outputs.targets, weights=config.outputs.weights))
     if config.service.enabled:  # plan.service: the workers make the batches, this host prefetches them

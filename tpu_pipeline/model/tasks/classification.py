@@ -6,11 +6,13 @@ from typing import Any, Mapping, Optional
 
 from tpu_pipeline.config.model import ModelConfig
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.model.class_targets import class_targets_loss_and_metrics
 from tpu_pipeline.model.tasks.base import Task
 
 
 class Classification(Task):
-    """A label per example; loss and metrics per example (sparse labels, or one-hot with label smoothing)."""
+    """A label per example; loss and metrics per example (class ids or the soft targets of mixup and CutMix,
+    or, with model.loss categorical_crossentropy, one-hot targets with label smoothing)."""
 
     name = "classification"
     predicts_tokens = False
@@ -27,9 +29,8 @@ class Classification(Task):
             return loss, [keras.metrics.CategoricalAccuracy(name="accuracy"),
                           keras.metrics.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing,
                                                                 name="cross_entropy")]
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        return loss, [keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-                      keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy")]
+        # Class ids, or the soft targets mixup and CutMix make of them (evaluation keeps the ids).
+        return class_targets_loss_and_metrics(keras)
 
     def trained_figures(self, history: Mapping[str, list[float]]) -> list[str]:
         # Training batches carry no padding, so Keras's loss (with any regularization terms) is the figure.

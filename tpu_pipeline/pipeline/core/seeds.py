@@ -5,6 +5,8 @@
                ├─ "shuffle",        pipeline i  record shuffle of epoch e
                ├─ "window_shuffle", pipeline i  window w of epoch e
                ├─ "augment",        pipeline i  the n-th element this pipeline sends through the ops
+               ├─ "augment_batch",  pipeline i  the n-th batch this pipeline sends through the batch-level
+               │                                ops (mixup, CutMix)
                ├─ "row_shuffle",    pipeline i  the packed rows of the pool that starts at (example, chunk)
                └─ "mix"                        which source each block of a mixture's positions draws from
                                                 (the same on every input pipeline)
@@ -22,9 +24,9 @@ from typing import Iterator, Optional, Union
 
 import tensorflow as tf
 
-FILES, SHUFFLE, WINDOW_SHUFFLE, AUGMENT, ROW_SHUFFLE, MIX = (
-    "files", "shuffle", "window_shuffle", "augment", "row_shuffle", "mix")
-_PURPOSES = (FILES, SHUFFLE, WINDOW_SHUFFLE, AUGMENT, ROW_SHUFFLE, MIX)
+FILES, SHUFFLE, WINDOW_SHUFFLE, AUGMENT, AUGMENT_BATCH, ROW_SHUFFLE, MIX = (
+    "files", "shuffle", "window_shuffle", "augment", "augment_batch", "row_shuffle", "mix")
+_PURPOSES = (FILES, SHUFFLE, WINDOW_SHUFFLE, AUGMENT, AUGMENT_BATCH, ROW_SHUFFLE, MIX)
 
 IntLike = Union[int, tf.Tensor]
 

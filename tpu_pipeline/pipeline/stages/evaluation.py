@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence, TypeVa
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK
 from tpu_pipeline.pipeline.sources.base import RecordFileSource, Source
 from tpu_pipeline.pipeline.stages.base import Stage, StageContext
@@ -47,7 +48,11 @@ PipelineT = TypeVar("PipelineT", bound=EvaluatedPipeline)
 
 def for_evaluation(pipeline: PipelineT) -> PipelineT:
     """`pipeline` for exact evaluation (`Pipeline.for_evaluation` says what that is): as its sequence
-    mode pads one (`SequenceMode.evaluation`), else padded to whole steps."""
+    mode pads one (`SequenceMode.evaluation`), else padded to whole steps. A pipeline that mixes its
+    batches (mixup, CutMix) is refused: an evaluation of mixed examples is not the model's."""
+    if any(getattr(stage, "purpose", None) == seeds.AUGMENT_BATCH for stage in pipeline.stages):
+        raise ConfigError(f"{pipeline.prefix}.augment: mixup_cutmix mixes examples and their labels, which an "
+                          f"evaluation must never do; evaluate a pipeline without it (eval_data)")
     mode = pipeline.sequence_mode
     return mode.evaluation(pipeline) if mode is not None else padded_evaluation(pipeline)
 

@@ -49,6 +49,7 @@ class MapFeatures(Stage):
     deterministic: Optional[bool] = None
     name: str = "map_features"
     salted: bool = False  # on tf.data service workers: each worker folds its own salt into the element seeds
+    purpose: str = seeds.AUGMENT  # the seed tree's branch (AUGMENT_BATCH for the batch-level ops after a Batch)
 
     def __post_init__(self) -> None:
         if self.random_ops and len(self.random_ops) != len(self.ops):
@@ -75,12 +76,12 @@ class MapFeatures(Stage):
             pipeline = context.input_pipeline_id
             dataset = seeds.numbered_and_salted(dataset, position)
             fn = lambda element, position, salt: self.transform(  # noqa: E731
-                element, seeds.element_seed(self.seed, seeds.AUGMENT, pipeline, position, salt))
+                element, seeds.element_seed(self.seed, self.purpose, pipeline, position, salt))
         elif self.needs_seed:
             pipeline = context.input_pipeline_id
             dataset = tf.data.Dataset.zip((dataset, seeds.positions(position)))
             fn = lambda element, position: self.transform(  # noqa: E731
-                element, seeds.element_seed(self.seed, seeds.AUGMENT, pipeline, position))
+                element, seeds.element_seed(self.seed, self.purpose, pipeline, position))
         else:
             fn = lambda element: self.transform(element)  # noqa: E731
         return parallel_map(dataset, fn, self.num_parallel_calls, self.deterministic, self.name)
