@@ -114,13 +114,16 @@ def test_never_in_evaluation_nor_before_the_batch():
     with pytest.raises(ConfigError, match=r"data\.augment\[1\]: op 'random_flip' works on single examples but comes "
                                           r"after a batch-level op"):
         check_ops(config_from_dict({"data": data_config("x-*", augment=[mix, {"op": "random_flip"}])}).data)
+    # An op that works on batches may follow: it runs on the mixed batch (a cast to bfloat16 after the mix is cheaper).
+    check_ops(config_from_dict({"data": data_config("x-*", augment=[mix, {"op": "cast", "dtype": "bfloat16"}])}).data)
 
 
 @pytest.fixture(scope="module")
 def mixed_pipeline_config(tmp_path_factory) -> dict:
     files = write_jpeg_shards(tmp_path_factory.mktemp("mix"), 48, 2, size=20)
     return data_config(files, augment=[{"op": "cast", "key": "image", "dtype": "float32"},
-                                       {"op": "mixup_cutmix", "num_classes": 4}],
+                                       {"op": "mixup_cutmix", "num_classes": 4},
+                                       {"op": "cast", "key": "image", "dtype": "bfloat16"}],
                        batch_size=8, repeat=2)
 
 
@@ -128,7 +131,7 @@ def test_a_pipeline_mixes_each_batch_and_a_resumed_one_mixes_as_the_uninterrupte
     config = config_from_dict({"data": mixed_pipeline_config}).data
     pipeline = Pipeline.from_config(config)
     batches = list(pipeline.build())
-    assert len(batches) == 12 and batches[0]["label"].shape == (8, 4)
+    assert len(batches) == 12 and batches[0]["label"].shape == (8, 4) and batches[0]["image"].dtype == tf.bfloat16
     assert all(np.allclose(batch["label"].numpy().sum(axis=1), 1.0, atol=1e-6) for batch in batches)
     resumed = list(pipeline.build(start=5 * 8))
     assert len(resumed) == 7

@@ -23,7 +23,8 @@ def check_ops(data: Optional["DataConfig"], prefix: str = "data") -> None:
 
     Raises a ConfigError naming `{prefix}.preprocess[i]` (or augment) for an unknown op, a missing
     or unknown argument, a random op in preprocess while `{prefix}.cache` is enabled, or a batch-level op
-    (mixup, CutMix) anywhere but at the end of a training pipeline's augment. None passes.
+    (mixup, CutMix) outside a training pipeline's augment or followed by an op that works on single examples.
+    None passes.
     """
     if data is None:
         return
@@ -51,7 +52,8 @@ def check_ops(data: Optional["DataConfig"], prefix: str = "data") -> None:
 
 
 def _check_batch_level(data: "DataConfig", section: str, index: int, registered, where: str, prefix: str) -> None:
-    """A batch-level op mixes a batch's examples: only at the end of a training pipeline's augment."""
+    """A batch-level op mixes a batch's examples: only in a training pipeline's augment, followed only by ops
+    that work on whole batches (they run on the mixed batch)."""
     if registered.batch_level:
         name = registered.name
         if prefix.startswith("eval_data"):
@@ -63,10 +65,11 @@ def _check_batch_level(data: "DataConfig", section: str, index: int, registered,
             raise ConfigError(f"{where}: op '{name}' mixes images and class labels, not token sequences; "
                               f"remove it or {prefix}.sequence")
         return
-    if section == "augment" and any(get_op(op.op, where).batch_level for op in data.augment[:index]):
+    if section == "augment" and not registered.batchable and any(
+            get_op(op.op, where).batch_level for op in data.augment[:index]):
         raise ConfigError(f"{where}: op '{data.augment[index].op}' works on single examples but comes after a "
-                          f"batch-level op (mixup_cutmix runs on whole batches); put the batch-level op last in "
-                          f"{prefix}.augment")
+                          f"batch-level op (mixup_cutmix runs on whole batches); put it before the batch-level op "
+                          f"(ops that work on batches, such as cast, may follow it)")
 
 
 def build_ops(ops: Sequence["OpConfig"], where: str = "data.preprocess", first: int = 0) -> tuple[list[OpFn], list[bool]]:
@@ -81,8 +84,8 @@ def build_ops(ops: Sequence["OpConfig"], where: str = "data.preprocess", first: 
 
 
 def split_batch_level(ops: Sequence["OpConfig"]) -> tuple[list["OpConfig"], list["OpConfig"]]:
-    """(the ops that run on single examples, the batch-level ops after them): `check_ops` keeps the
-    batch-level ones last."""
+    """(the ops that run on single examples, the ops from the first batch-level one on, which run on
+    batches): `check_ops` lets only batchable ops follow a batch-level one."""
     ops = list(ops)
     first = next((index for index, op in enumerate(ops) if get_op(op.op).batch_level), len(ops))
     return ops[:first], ops[first:]

@@ -9,8 +9,9 @@ borders and never reach the bottom and right ones; docs/images.md.) The rectangl
 Gaussian noise per pixel (`fill: noise`, timm's "pixel" mode: the op goes after `normalize`) or a
 constant.
 
-All trials are drawn at once and the rectangle is a mask, so the op is a few vector ops with static
-shapes, and the noise is drawn only for an image that is erased.
+All trials are drawn at once, the noise is drawn for the rectangle alone and the image is put back
+together around it, so an erased image costs about one copy of it; the image leaves the op with its
+static shape.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from typing import Optional, Union
 import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
-from tpu_pipeline.ops import image_adjust as adjust
 from tpu_pipeline.ops._util import one_line
 from tpu_pipeline.ops.keyed import keyed
 from tpu_pipeline.ops.registry import register_op
@@ -69,16 +69,26 @@ def random_erasing(probability: float = 0.25, min_area: float = 0.02, max_area: 
         height, width = image.shape[0], image.shape[1]
         count_draw = tf.random.stateless_uniform([], seed=tf.random.experimental.stateless_fold_in(seed, 0))
         count = min_count + tf.cast(count_draw * (max_count - min_count + 1), tf.int32)
-        erased = tf.zeros([height, width, 1], tf.bool)
         for index in range(max_count):
             box, fits = erased_box(tf.random.experimental.stateless_fold_in(seed, index + 1), height, width,
                                    min_area, max_area, *log_aspects, trials)
-            wanted = fits & (index < count)
-            erased |= adjust.box_mask(height, width, *tf.unstack(box)) & wanted
+            image = tf.cond(fits & (index < count),
+                            lambda box=box, index=index: filled(image, box, tf.random.experimental.stateless_fold_in(
+                                seed, -1 - index)),
+                            lambda: tf.identity(image))
+        return image
+
+    def filled(image: tf.Tensor, box: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        """The image with the box's pixels replaced: noise is drawn for the box alone (on the host a map may
+        make shapes that vary; the image it returns has its static shape again)."""
+        top, bottom, left, right = tf.unstack(box)
+        shape = tf.stack([bottom - top, right - left, image.shape[-1]])
         if fill == "noise":
-            noise = tf.random.stateless_normal(image.shape, seed=tf.random.experimental.stateless_fold_in(seed, -1))
-            return tf.where(erased, tf.cast(noise, image.dtype), image)
-        return tf.where(erased, tf.cast(fill, image.dtype), image)
+            patch = tf.cast(tf.random.stateless_normal(shape, seed=seed), image.dtype)
+        else:
+            patch = tf.fill(shape, tf.cast(fill, image.dtype))
+        band = tf.concat([image[top:bottom, :left], patch, image[top:bottom, right:]], axis=1)
+        return tf.ensure_shape(tf.concat([image[:top], band, image[bottom:]], axis=0), image.shape)
 
     def fn(image: tf.Tensor, seed: Optional[tf.Tensor] = None) -> tf.Tensor:
         if image.shape.rank != 3 or not image.shape.is_fully_defined():

@@ -81,9 +81,9 @@ def apply_op(name: str, image: tf.Tensor, argument, center_y: tf.Tensor | int = 
     if name in ("Color", "Contrast", "Brightness", "Sharpness"):
         return getattr(adjust, name.lower())(image, argument)
     if name in ("ShearX", "ShearY"):
-        return adjust.projective(image, adjust.shear(argument, horizontal=name == "ShearX"))
+        return adjust.sheared(image, argument, horizontal=name == "ShearX")
     if name in ("TranslateX", "TranslateY"):
-        return adjust.projective(image, adjust.translation(argument, horizontal=name == "TranslateX"))
+        return adjust.shifted(image, argument, horizontal=name == "TranslateX")
     if name == "Cutout":
         return adjust.cutout(image, argument, center_y, center_x)
     raise ValueError(f"unknown RandAugment op {name!r}")
