@@ -5,6 +5,8 @@
     preemption_child.py train_lm CONFIG_JSON OUT_DIR      # `train` of a language model on packed rows
     preemption_child.py train_jax CONFIG_JSON OUT_DIR     # `train` on Keras 3 JAX (KERAS_BACKEND=jax, 8 devices)
     preemption_child.py train_lm_jax CONFIG_JSON OUT_DIR  # the language model on Keras 3 JAX
+    preemption_child.py train_digest CONFIG_JSON OUT_DIR  # `train`, logging a digest of each replica's batch
+                                                          # (augmented images, soft targets) instead of ids
 
 Each appends one line per training step to OUT_DIR/ids.log: `step pipeline-or-replica id id ...`.
 A killed child leaves lines for steps after its last checkpoint; the next child redoes those
@@ -124,9 +126,21 @@ def jax_logging_model(build_model, out_dir: str, language_model: bool):
     return logging_model
 
 
-def train(config_path: str, out_dir: str, language_model: bool = False, on_jax: bool = False) -> None:
+def digest(*tensors) -> list[int]:
+    """Two int32s of the SHA-256 of the tensors' bytes: what a replica's batch was, to the bit."""
+    import hashlib
+
+    import numpy as np
+
+    sha = hashlib.sha256(b"".join(np.ascontiguousarray(np.asarray(t)).tobytes() for t in tensors)).digest()
+    return [int.from_bytes(sha[:4], "little") >> 1, int.from_bytes(sha[4:8], "little") >> 1]
+
+
+def train(config_path: str, out_dir: str, language_model: bool = False, on_jax: bool = False,
+          batch_digest: bool = False) -> None:
     """The real training job, with the model's train_step logging the ids it trains on: the targets,
-    or for a language model the documents of the packed inputs' segments."""
+    or for a language model the documents of the packed inputs' segments, or (`batch_digest`) a digest
+    of the inputs and targets themselves."""
     from tpu_pipeline.train import preemption, run_files, runner
 
     build_model = runner.build_model
@@ -138,7 +152,7 @@ def train(config_path: str, out_dir: str, language_model: bool = False, on_jax: 
 
         def log(step, replica, *ids):
             event(out_dir, f"train {int(step)}")
-            ids = document_ids(*ids) if language_model else ids[0].numpy()
+            ids = document_ids(*ids) if language_model else digest(*ids) if batch_digest else ids[0].numpy()
             log_line(out_dir, int(step), int(replica), ids)
             time.sleep(0.02)  # room for the parent to kill at a chosen step
             return 0
@@ -146,6 +160,7 @@ def train(config_path: str, out_dir: str, language_model: bool = False, on_jax: 
         def step_with_log(data):
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
             logged = [data[0]["inputs"], data[0]["inputs_segment_ids"]] if language_model else [data[1]]
+            logged = [data[0], data[1]] if batch_digest else logged
             done = tf.py_function(log, [model.optimizer.iterations, replica, *logged], tf.int32)
             with tf.control_dependencies([done]):
                 return train_step(data)
@@ -197,4 +212,5 @@ if __name__ == "__main__":
     if mode == "loop":
         loop(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
-        train(sys.argv[2], sys.argv[3], language_model=mode.startswith("train_lm"), on_jax=mode.endswith("_jax"))
+        train(sys.argv[2], sys.argv[3], language_model=mode.startswith("train_lm"), on_jax=mode.endswith("_jax"),
+              batch_digest=mode == "train_digest")

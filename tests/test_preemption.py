@@ -179,6 +179,50 @@ def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_e
     assert "could not be found" not in again.stdout + again.stderr
 
 
+def augmented_config(data_dir: str, run_dir: str) -> dict:
+    """train_config with the DeiT ops: RandAugment, random erasing, and mixup / CutMix on each replica's batch
+    (the targets are soft: the log holds a digest of each replica's images and targets)."""
+    config = train_config(data_dir, run_dir)
+    config["data"].update({
+        "features": {"image": {"dtype": "string"}, "label": {"dtype": "int64"}},
+        "preprocess": [{"op": "decode_image", "format": "jpeg"}, {"op": "resize", "size": 16},
+                       {"op": "cast", "key": "label", "dtype": "int32"}],
+        "augment": [{"op": "random_flip"}, {"op": "randaugment", "num_layers": 2, "magnitude": 9},
+                    {"op": "value_range", "min": 0.0, "max": 1.0}, {"op": "random_erasing", "probability": 0.5},
+                    {"op": "mixup_cutmix", "num_classes": 4}],
+        "outputs": {"inputs": "image", "targets": "label"},
+    })
+    config["train"].update({"epochs": 2, "num_classes": 4})
+    return config
+
+
+def test_train_with_randaugment_and_mixup_killed_twice_trains_on_the_batches_of_an_uninterrupted_run(tmp_path):
+    """Exact resume with augmentation on: after two SIGKILLs, every step of every replica trained on the very
+    images and soft targets (a SHA-256 of each replica's batch) an uninterrupted run trains on."""
+    from tpu_pipeline.records.demo_shapes import ensure_demo_dataset
+
+    data_dir = ensure_demo_dataset(str(tmp_path / "data"), num_train=256, num_eval=32, size=16, num_shards=4)
+    logs = {}
+    for name, kills in (("killed", 2), ("uninterrupted", 0)):
+        out_dir = str(tmp_path / name)
+        os.makedirs(out_dir)
+        config_path = str(tmp_path / f"{name}.json")
+        json.dump(augmented_config(data_dir, str(tmp_path / f"{name}_run")), open(config_path, "w"))
+        command = [sys.executable, CHILD, "train_digest", config_path, out_dir]
+        rng = random.Random(3)
+        for kill in range(kills):
+            result = interrupt(command, out_dir, max_step(out_dir) + rng.randint(2, 4), signal.SIGKILL)
+            assert result.returncode == -signal.SIGKILL, f"kill {kill}:\n{result.stdout[-3000:]}"
+        final = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+        assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+        assert ("resumed from" in final.stdout) == bool(kills), final.stdout[-3000:]
+        logs[name] = read_log(out_dir)  # also: a step redone after a kill saw the same batch
+    steps = 2 * (256 // 64)
+    assert sorted(logs["uninterrupted"]) == [(step, replica) for step in range(steps) for replica in range(8)]
+    assert logs["killed"] == logs["uninterrupted"]
+    assert len({tuple(digest) for digest in logs["uninterrupted"].values()}) == steps * 8
+
+
 # --- a preemption notice: save, write the metrics so far, exit; never an evaluation in between -----
 
 

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from tpu_pipeline.bench.augment_advice import augmentation_advice
 from tpu_pipeline.bench.ceilings import (
     Ceilings, InMemoryElements, InMemoryRecords, in_memory_config, measure_ceilings, records_in_memory,
     single_thread_options,
@@ -352,6 +353,8 @@ def _name_bottleneck(stages: list[StageCost], ceilings: Ceilings, fraction: floa
     worst = max(work, key=lambda s: s.seconds_per_example)
     share = worst.seconds_per_example / sum(s.seconds_per_example for s in stages)
     costliest = f"costliest stage: {worst.name}, {share:.0%} of the per-example work"
+    advice = augmentation_advice(worst.name)
+    costliest += f". {advice[0].upper()}{advice[1:]}" if advice else ""
     if findings and speedup is not None and speedup >= MEASURED_GAIN:
         return f"configuration: {findings[0].problem} (the fixes below measured {speedup:.2f}x; {costliest})"
     bound = "read-bound (storage)" if ceilings.limit < ceilings.compute_bound else "compute-bound"

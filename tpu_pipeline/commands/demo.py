@@ -1,6 +1,7 @@
 """`tpu-pipeline demo`: builds the input pipeline from a config and prints its throughput.
 
-`--explain` prints the pipeline's plan first: each decision (parse mode, shuffle, record cache,
+`--show N` draws the first N examples instead, augmented, with their labels, as one PNG contact sheet
+(`bench.contact_sheet`). `--explain` prints the pipeline's plan first: each decision (parse mode, shuffle, record cache,
 order, ...) with the reason it was made. The throughput is measured as `bench` and `doctor`
 measure it (`tpu_pipeline.bench.measure`: the same loop, the input pipeline alone, after a warm-up
 on the same iterator), and the output says what the figure covers. For a data.sequence config the
@@ -23,6 +24,9 @@ from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_
 flags.DEFINE_integer("steps", 200, "batches to time (after the warm-up)")
 flags.DEFINE_integer("warmup", 20, "batches to skip before timing (fills caches and buffers)")
 flags.DEFINE_bool("explain", False, "print what the pipeline decided from the config, and why, before timing it")
+flags.DEFINE_integer("show", 0, "write the first N examples the pipeline delivers (augmented, with their labels or soft "
+                     "targets) as one PNG contact sheet at --show_path, instead of timing it")
+flags.DEFINE_string("show_path", "contact_sheet.png", "where --show writes its image (.png, or .jpg: smaller)")
 FLAGS = flags.FLAGS
 
 
@@ -36,6 +40,13 @@ def run(overrides: Sequence[str]) -> int:
     if FLAGS.explain:
         print("plan (what the pipeline decided, and why):")
         print(pipeline.plan.explain())
+    if FLAGS.show:
+        from tpu_pipeline.bench.contact_sheet import write_contact_sheet
+
+        width, height = write_contact_sheet(pipeline.build(), FLAGS.show, FLAGS.show_path)
+        print(f"contact sheet: {FLAGS.show} examples of data (as the training pipeline delivers them, augmentation "
+              f"included) in {FLAGS.show_path} ({width} x {height} pixels)")
+        return 0
     windowed = pipeline.windowed
     dataset = pipeline.build(with_position=windowed is not None)
     meter = Meter(dataset)
