@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tpu_pipeline.bench.augment_advice import augmentation_advice
-from tpu_pipeline.bench.contact_sheet import CAPTION_HEIGHT, caption, contact_sheet
+from tpu_pipeline.bench.contact_sheet import CAPTION_HEIGHT, MIN_TILE, caption, contact_sheet
 from tpu_pipeline.errors import ConfigError
 
 from helpers import data_config, write_jpeg_shards
@@ -32,9 +32,11 @@ def test_captions_name_the_class_or_the_two_largest_shares():
 
 
 def test_the_sheet_tiles_the_first_n_examples_in_rows_of_eight():
-    batches = [(np.full((4, 10, 12, 3), value, np.float32), np.arange(4) + value) for value in range(3)]
+    batches = [(np.full((4, 160, 192, 3), value, np.float32), np.arange(4) + value) for value in range(3)]
     sheet = contact_sheet(iter(batches), 10)
-    assert sheet.shape == (2 * (10 + CAPTION_HEIGHT), 8 * 12, 3) and sheet.dtype == np.uint8
+    assert sheet.shape == (2 * (160 + CAPTION_HEIGHT), 8 * 192, 3) and sheet.dtype == np.uint8
+    small = contact_sheet(iter([(np.zeros((2, 10, 12, 1)), np.arange(2))]), 2)  # enlarged: room for a caption
+    assert small.shape == (10 * 11 + CAPTION_HEIGHT, 2 * 12 * 11, 3) and 12 * 11 >= MIN_TILE
     with pytest.raises(ConfigError, match="data.outputs"):
         contact_sheet(iter([{"a": np.zeros((2, 4, 4, 3)), "b": np.zeros((2, 4, 4, 3))}]), 2)
 
@@ -53,7 +55,7 @@ def test_demo_show_writes_the_augmented_examples_with_their_soft_targets(tmp_pat
                              "--show_path", str(sheet)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"contact sheet: 12 examples of data" in result.stdout and "examples/s" not in result.stdout
-    assert Image.open(sheet).size == (8 * 24, 2 * (24 + CAPTION_HEIGHT))
+    assert Image.open(sheet).size == (8 * 24 * 6, 2 * (24 * 6 + CAPTION_HEIGHT))  # enlarged 6x: 144 >= MIN_TILE
 
 
 def test_the_doctor_names_augmentation_and_the_fixes_when_it_is_the_costliest_stage():

@@ -15,6 +15,7 @@ import numpy as np
 from tpu_pipeline.errors import ConfigError
 
 CAPTION_HEIGHT = 14
+MIN_TILE = 128  # smaller images are enlarged (nearest pixel) to a tile of at least this width: room for the caption
 
 
 def images_and_labels(element: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -46,7 +47,8 @@ def caption(label: np.ndarray) -> str:
 
 
 def contact_sheet(batches: Iterable[Any], count: int, columns: int = 8) -> np.ndarray:
-    """uint8 [rows * (H + caption), columns * W, 3]: the first `count` examples of `batches`, captioned."""
+    """uint8 [rows * (H + caption), columns * W, 3]: the first `count` examples of `batches`, captioned (images
+    narrower than MIN_TILE enlarged by a whole factor, pixel by pixel)."""
     from PIL import Image, ImageDraw
 
     images, labels = [], []
@@ -59,7 +61,8 @@ def contact_sheet(batches: Iterable[Any], count: int, columns: int = 8) -> np.nd
     if not images:
         raise ConfigError("--show: the pipeline delivered no example to draw")
     images, labels = images[:count], labels[:count]
-    height, width = images[0].shape[:2]
+    scale = max(1, math.ceil(MIN_TILE / images[0].shape[1]))
+    height, width = images[0].shape[0] * scale, images[0].shape[1] * scale
     columns = min(columns, len(images))
     rows = math.ceil(len(images) / columns)
     sheet = Image.new("RGB", (columns * width, rows * (height + CAPTION_HEIGHT)), "white")
@@ -68,6 +71,7 @@ def contact_sheet(batches: Iterable[Any], count: int, columns: int = 8) -> np.nd
         low, high = float(image.min()), float(image.max())
         pixels = ((image - low) / (high - low) * 255 if high > low else np.zeros_like(image)).astype(np.uint8)
         tile = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).convert("RGB")
+        tile = tile.resize((width, height), Image.NEAREST) if scale > 1 else tile
         left, top = (index % columns) * width, (index // columns) * (height + CAPTION_HEIGHT)
         sheet.paste(tile, (left, top))
         draw.text((left + 2, top + height + 1), caption(np.asarray(label)), fill="black")
