@@ -81,8 +81,9 @@ def register_op(name: str, *, random: bool = False, batchable: bool = False, bat
     Mark ops that work element-wise on a whole batch with `batchable=True`: when every op of a
     pipeline is, it batches serialized records first and parses and transforms whole batches
     (one thread crossing per batch instead of per record: ~10x faster for small records).
-    Mark ops that combine the examples of a batch (mixup, CutMix) with `batch_level=True`: they may only
-    come last in `data.augment`, and run on each per-replica batch once it is made, with a seed per batch.
+    Mark ops that combine the examples of a batch (mixup, CutMix) with `batch_level=True`: they come after
+    the single-example ops of `data.augment` (only batchable ops may follow them), and run on each
+    per-replica batch once it is made, with a seed per batch.
     The factory is called only when a pipeline is built, so it may run TensorFlow ops.
     """
 
