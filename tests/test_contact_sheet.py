@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from tpu_pipeline.bench.augment_advice import augmentation_advice
+from tpu_pipeline.bench.doctor import StageCost, _name_bottleneck
 from tpu_pipeline.bench.contact_sheet import CAPTION_HEIGHT, MIN_TILE, caption, contact_sheet
 from tpu_pipeline.errors import ConfigError
 
@@ -63,3 +65,12 @@ def test_the_doctor_names_augmentation_and_the_fixes_when_it_is_the_costliest_st
     assert advice and "data.num_parallel_calls" in advice and "tpu-pipeline serve" in advice and "big_vision" in advice
     assert "mixup_cutmix" in augmentation_advice("augment[3] random_erasing + augment[4] mixup_cutmix")
     assert augmentation_advice("augment[0] decode_and_random_crop_jpeg") is None
+    stages = [StageCost("batch", 1e-5), StageCost("parse (per_example)", 1e-4),
+              StageCost("augment[0] decode_and_random_crop_jpeg", 1e-3), StageCost("augment[2] randaugment", 3e-3),
+              StageCost("augment[3] normalize", 2e-4)]
+    line = _name_bottleneck(stages, SimpleNamespace(limit=100.0, compute_bound=100.0), 0.5, [], None)
+    assert "costliest stage: augment[2] randaugment" in line
+    assert "Image augmentation (randaugment) is the costliest stage: give it more cores" in line
+    stages[3] = StageCost("augment[2] randaugment", 1e-4)
+    assert "Image augmentation" not in _name_bottleneck(stages, SimpleNamespace(limit=100.0, compute_bound=100.0),
+                                                        0.5, [], None)

@@ -240,8 +240,15 @@ def test_doctor_on_every_shipped_config(name, tmp_path):
     diagnosis = diagnose(config, batches=3, repeats=1, records=16)
     assert diagnosis.stages and diagnosis.bottleneck and diagnosis.pipeline.examples > 0, name
     assert "bottleneck:" in diagnosis.table()
-    if name == "imagenet_vit.yaml":  # RandAugment, erasing and the mix cost more than the decode and crop
-        assert "Image augmentation (randaugment) is the costliest stage" in diagnosis.bottleneck, diagnosis.bottleneck
+    if name == "imagenet_vit.yaml":  # each augmentation op timed as a stage of its own; named with its fixes when costliest
+        names = [stage.name for stage in diagnosis.stages]
+        assert {"augment[2] randaugment", "augment[4] random_erasing", "augment[6] mixup_cutmix"} <= set(names), names
+        # Which stage costs most is a timing on a shared machine (normalize came out first once, under load): what
+        # is checked is that the line follows the table.
+        from tpu_pipeline.bench.augment_advice import augmentation_advice
+
+        worst = max((s for s in diagnosis.stages if s.name != "batch"), key=lambda s: s.seconds_per_example)
+        assert (augmentation_advice(worst.name) is not None) == ("Image augmentation" in diagnosis.bottleneck)
     if name == "image_folder.yaml":  # the decode cannot be timed alone (its outputs vary in shape), so with the resize
         names = [stage.name for stage in diagnosis.stages]
         assert "preprocess[0] decode_image (once, cached) + preprocess[1] resize (once, cached)" in names, names
