@@ -8,6 +8,7 @@ class id, or a soft target's two largest classes with their weights ("class 3: 6
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Iterable
 
 import numpy as np
@@ -81,8 +82,6 @@ def contact_sheet(batches: Iterable[Any], count: int, columns: int = 8) -> np.nd
 def write_contact_sheet(batches: Iterable[Any], count: int, path: str) -> tuple[int, int]:
     """Writes the sheet at `path`, as its extension says (.png; .jpg is smaller), any directory made; returns its
     (width, height)."""
-    import os
-
     from PIL import Image
 
     sheet = contact_sheet(batches, count)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from tpu_pipeline.model.metrics import _ops
+
 
 def are_soft(y_true: Any, y_pred: Any) -> bool:
     """Soft targets: the same rank as the logits and as wide (a width of 1 is a column of class ids)."""
@@ -27,8 +29,7 @@ def are_soft(y_true: Any, y_pred: Any) -> bool:
 def class_targets_loss_and_metrics(keras: ModuleType) -> tuple[Any, list[Any]]:
     """(loss, [accuracy, cross_entropy]) for logits, over class ids or soft targets, under tf_keras or Keras 3."""
     categorical = keras.losses.categorical_crossentropy
-    argmax = getattr(keras, "ops", None)
-    argmax = argmax.argmax if argmax is not None else _tf_argmax
+    argmax = _ops(keras).argmax  # keras.ops under Keras 3, tf under tf_keras
 
     class ClassCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
         """Cross-entropy from logits against class ids (Keras's own) or soft targets."""
@@ -58,7 +59,3 @@ def class_targets_loss_and_metrics(keras: ModuleType) -> tuple[Any, list[Any]]:
     return ClassCrossEntropy(from_logits=True), [ClassAccuracy(name="accuracy"),
                                                  ClassCrossEntropyMetric(from_logits=True, name="cross_entropy")]
 
-
-def _tf_argmax(values: Any, axis: int = -1) -> Any:
-    import tensorflow as tf
-    return tf.argmax(values, axis=axis)

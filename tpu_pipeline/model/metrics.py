@@ -34,6 +34,7 @@ def _tf_ops() -> SimpleNamespace:
     """The `keras.ops` below as the tf ops tf_keras ran with before Keras 3 joined (the same numbers)."""
     return SimpleNamespace(
         cast=tf.cast, exp=tf.exp, ones_like=tf.ones_like, broadcast_to=tf.broadcast_to, shape=tf.shape,
+        argmax=lambda x, axis=-1: tf.argmax(x, axis=axis),
         divide_no_nan=tf.math.divide_no_nan,
         sum=lambda x, axis=None: tf.reduce_sum(x, axis=axis),
         sparse_categorical_crossentropy=lambda target, output, from_logits=False:
