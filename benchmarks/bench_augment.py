@@ -29,6 +29,7 @@ from typing import Callable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))  # TFM, loaded as the tests load it
 
 import tensorflow as tf  # noqa: E402
 
@@ -57,16 +58,10 @@ def ours_config(augmented: bool) -> dict:
 
 def tfm_modules():
     """tensorflow/models' classification Parser, augment module and InputReader (official.vision's own __init__
-    imports every vision task's dependencies, so its packages are entered bare: tests/augment_reference.py)."""
-    import importlib
-    import types
+    imports every vision task's dependencies, so its packages are entered bare, as the tests enter them)."""
+    from augment_reference import enter_bare
 
-    root = os.path.dirname(importlib.util.find_spec("official").origin)
-    for package in ("official.vision", "official.vision.ops", "official.vision.configs", "official.vision.dataloaders"):
-        if package not in sys.modules:
-            module = types.ModuleType(package)
-            module.__path__ = [os.path.join(root, *package.split(".")[1:])]
-            sys.modules[package] = module
+    enter_bare(("official.vision", "official.vision.ops", "official.vision.configs", "official.vision.dataloaders"))
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     from official.core import config_definitions, input_reader
     from official.vision.configs import common

@@ -19,19 +19,25 @@ import types
 import numpy as np
 
 
-@functools.lru_cache(maxsize=None)
-def tfm_augment() -> types.ModuleType:
-    """tensorflow/models' augment module (TFM's RandAugment, RandomErasing, MixupAndCutmix and their ops)."""
+def enter_bare(packages: tuple[str, ...]) -> None:
+    """Puts each of tf-models-official's `packages` in sys.modules as a bare package over its folder, so its
+    modules import without the package's `__init__` (benchmarks/bench_augment.py enters TFM's input reader too)."""
     spec = importlib.util.find_spec("official")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("tf-models-official is not installed: run `bash scripts/setup_env.sh` (it installs it "
                           "with --no-deps as the augmentation tests' reference)")
     root = list(spec.submodule_search_locations)[0]
-    for package in ("official.core", "official.vision", "official.vision.ops", "official.vision.configs"):
+    for package in packages:
         if package not in sys.modules:
             module = types.ModuleType(package)
             module.__path__ = [os.path.join(root, *package.split(".")[1:])]
             sys.modules[package] = module
+
+
+@functools.lru_cache(maxsize=None)
+def tfm_augment() -> types.ModuleType:
+    """tensorflow/models' augment module (TFM's RandAugment, RandomErasing, MixupAndCutmix and their ops)."""
+    enter_bare(("official.core", "official.vision", "official.vision.ops", "official.vision.configs"))
     return importlib.import_module("official.vision.ops.augment")
 
 

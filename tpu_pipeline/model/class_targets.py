@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from tpu_pipeline.model.metrics import _ops
+from tpu_pipeline.model.tensor_ops import tensor_ops
 
 
 def are_soft(y_true: Any, y_pred: Any) -> bool:
@@ -29,7 +29,7 @@ def are_soft(y_true: Any, y_pred: Any) -> bool:
 def class_targets_loss_and_metrics(keras: ModuleType) -> tuple[Any, list[Any]]:
     """(loss, [accuracy, cross_entropy]) for logits, over class ids or soft targets, under tf_keras or Keras 3."""
     categorical = keras.losses.categorical_crossentropy
-    argmax = _ops(keras).argmax  # keras.ops under Keras 3, tf under tf_keras
+    argmax = tensor_ops(keras).argmax  # keras.ops under Keras 3, tf under tf_keras
 
     class ClassCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
         """Cross-entropy from logits against class ids (Keras's own) or soft targets."""

@@ -11,10 +11,10 @@ under tf_keras in the tf ops they always had.
 from __future__ import annotations
 
 import math
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 from typing import Any, Optional
 
-import tensorflow as tf
+from tpu_pipeline.model.tensor_ops import tensor_ops
 
 
 def language_model_metrics(keras: ModuleType, byte_offset: Optional[int] = None) -> list[Any]:
@@ -30,25 +30,8 @@ def language_model_metrics(keras: ModuleType, byte_offset: Optional[int] = None)
     return metrics
 
 
-def _tf_ops() -> SimpleNamespace:
-    """The `keras.ops` below as the tf ops tf_keras ran with before Keras 3 joined (the same numbers)."""
-    return SimpleNamespace(
-        cast=tf.cast, exp=tf.exp, ones_like=tf.ones_like, broadcast_to=tf.broadcast_to, shape=tf.shape,
-        argmax=lambda x, axis=-1: tf.argmax(x, axis=axis),
-        divide_no_nan=tf.math.divide_no_nan,
-        sum=lambda x, axis=None: tf.reduce_sum(x, axis=axis),
-        sparse_categorical_crossentropy=lambda target, output, from_logits=False:
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=target, logits=output),
-    )
-
-
-def _ops(keras: ModuleType) -> Any:
-    """`keras.ops` under Keras 3, tf ops under tf_keras (whose metrics take tf tensors)."""
-    return getattr(keras, "ops", None) or _tf_ops()
-
-
 def _perplexity(keras: ModuleType) -> Any:
-    ops = _ops(keras)
+    ops = tensor_ops(keras)
 
     class Perplexity(keras.metrics.SparseCategoricalCrossentropy):
         """exp(mean cross-entropy per token): the mean is taken first, as perplexity is defined."""
@@ -60,7 +43,7 @@ def _perplexity(keras: ModuleType) -> Any:
 
 
 def _bits_per_byte(keras: ModuleType, byte_offset: int) -> Any:
-    ops = _ops(keras)
+    ops = tensor_ops(keras)
 
     class BitsPerByte(keras.metrics.Metric):
         """Bits to encode the text, per UTF-8 byte of it: the cross-entropy of every target (EOS

@@ -24,6 +24,7 @@ from tpu_pipeline.config.model import ModelConfig, TransformerConfig
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.model.keras_backend import is_keras3
 from tpu_pipeline.model.tasks import Task, task_named
+from tpu_pipeline.model.tensor_ops import tensor_ops
 
 SEGMENT_SUFFIX = "_segment_ids"
 POSITION_SUFFIX = "_positions"
@@ -76,25 +77,6 @@ def position_rows(cfg: TransformerConfig, length: Optional[int]) -> int:
         raise ConfigError(f"model.transformer.max_length={cfg.max_length} is shorter than the inputs' length {length}; "
                           "raise it or remove it (the inputs' length is the default)")
     return cfg.max_length
-
-
-def _tf_ops() -> SimpleNamespace:
-    """The few `keras.ops` the layers below use, as tf ops: tf_keras layers take tf tensors, and
-    these are the very ops (so the very graphs and numbers) tf_keras ran before Keras 3 joined."""
-    return SimpleNamespace(
-        cast=tf.cast, equal=tf.equal, not_equal=tf.not_equal, logical_and=tf.logical_and,
-        logical_or=tf.logical_or, logical_not=tf.logical_not, broadcast_to=tf.broadcast_to,
-        ones_like=tf.ones_like, einsum=tf.einsum, where=tf.where, maximum=tf.maximum,
-        expand_dims=tf.expand_dims, shape=tf.shape,
-        arange=lambda stop, dtype=None: tf.range(stop, dtype=dtype),
-        softmax=lambda x, axis=-1: tf.nn.softmax(x, axis=axis),
-        sum=lambda x, axis=None: tf.reduce_sum(x, axis=axis),
-    )
-
-
-def tensor_ops(keras: ModuleType) -> Any:
-    """`keras.ops` under Keras 3 (one code for its TensorFlow and JAX backends), tf ops under tf_keras."""
-    return getattr(keras, "ops", None) or _tf_ops()
 
 
 @functools.lru_cache(maxsize=None)
