@@ -17,7 +17,9 @@ if [ "${1:-}" = "--tpu" ]; then
 else
   bash scripts/setup_env.sh
 fi
-# Two worker processes (pytest-xdist): each file of in-process tests is one unit (its module fixtures built
-# once, on one worker), and each test marked slow (child processes the test mostly waits on) a unit of its
-# own, on whichever worker is free (tests/conftest.py, docs/testing.md). TEST_WORKERS=0 runs everything here.
-exec "$VENV/bin/python" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup "${RULE[@]}" "$@"
+# Three worker processes (pytest-xdist) on the 2 cores: each file of in-process tests is one unit (its module
+# fixtures built once, on one worker), and each test marked slow (child processes the test mostly waits on) a
+# unit of its own, on whichever worker is free (tests/conftest.py). With two, the cores sat idle 15% of a CI
+# run while tests waited on their children; the third fills that (docs/testing.md, "Where the time goes").
+# TEST_WORKERS=N sets another number; TEST_WORKERS=0 runs everything in this process.
+exec "$VENV/bin/python" -m pytest -q -n "${TEST_WORKERS:-3}" --dist loadgroup "${RULE[@]}" "$@"

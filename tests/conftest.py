@@ -88,8 +88,9 @@ if "PYTEST_XDIST_WORKER" not in os.environ:  # the controlling process: the work
 
 # In-process files measured heaviest (docs/testing.md, "Where the time goes"), sent first. A stale entry
 # only changes the order in which units are sent, never what runs.
-_HEAVY_FILES = ("tests/test_train.py", "tests/test_chunking.py", "tests/test_sequence_pipelines.py",
-                "tests/test_named_data_errors.py", "tests/test_cli.py", "tests/test_checkpoint_cadence.py")
+_HEAVY_FILES = ("tests/test_sequence_pipelines.py", "tests/test_train.py", "tests/test_jax_models.py",
+                "tests/test_doctor.py", "tests/test_mixture_resume.py", "tests/test_mixture_memory_read.py",
+                "tests/test_mixture_rates.py", "tests/test_resume.py")
 
 
 def _send_order(item) -> tuple[int, int]:

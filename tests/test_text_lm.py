@@ -202,8 +202,10 @@ def test_train_killed_and_resumed_trains_on_the_same_documents_as_an_uninterrupt
     command = [sys.executable, child, "train_lm", config_path, out_dir]
     # 2 SIGKILLs and a SIGTERM (it sent 3 + 1, a child process each: the processes are this test's cost): SIGKILL
     # after steps 3 and 7 (odd: tf_keras runs 2 steps an execution, checkpoints come every 2: resumes from step
-    # 2 and, unless step 8 was saved first, from the first epoch's last step, 6), then SIGTERM in the second epoch
-    for kill, at_step in enumerate((3, 7)):
+    # 2 and, unless step 8 was saved first, from the first epoch's last step, 6), then SIGTERM in the second epoch.
+    # Keras 3 gets the kill after step 7 only: what differs there is its own `fit` (its batches, its stop on
+    # SIGTERM), which one kill and resume, the SIGTERM and the end show; a resume of a resume is framework-blind.
+    for kill, at_step in enumerate((3, 7) if keras == "tf_keras" else (7,)):
         assert max_step(out_dir) < at_step
         result = interrupt(command, out_dir, at_step, signal.SIGKILL, env=env)
         assert result.returncode == -signal.SIGKILL, f"kill {kill}:\n{result.stdout[-3000:]}"
