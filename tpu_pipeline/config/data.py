@@ -66,6 +66,10 @@ class OutputsConfig(StrictModel):
 # model/transformer.py reads them by these names).
 SEQUENCE_INPUTS = {"pack": ("_segment_ids", "_positions"), "pad": ("_mask",), "bucket": ("_mask",)}
 EXAMPLE_MASK = "example_mask"  # bucket mode: 0 on the examples that fill a bucket's last batches
+# A per-token weight beside the tokens (1: learn this token, as an assistant's answer; 0: context only). `lm_shift`
+# makes it each target's weight; as a sequence key it is packed, padded or bucketed with the tokens, and it weighs
+# the loss and metrics instead of being an input.
+LOSS_WEIGHTS = "loss_weights"
 
 
 def derived_outputs(sequence: Optional[SequenceConfig], task: str) -> Optional[OutputsConfig]:
@@ -74,16 +78,22 @@ def derived_outputs(sequence: Optional[SequenceConfig], task: str) -> Optional[O
     The target key is `targets` (what {op: lm_shift} writes), else the last of sequence.keys; every
     other key is an input, with what its mode adds: pack → its segment ids and positions; pad and
     bucket → its mask. The weights leave padding out: the targets' segment ids (pack) or mask (pad),
-    and in bucket mode also `example_mask` (the filler examples of a bucket's last batches). None for
-    a classifier (its label is the user's to name) or a single key (nothing to predict it from)."""
-    if sequence is None or not predicts_tokens(task) or len(sequence.keys) < 2:
+    and in bucket mode also `example_mask` (the filler examples of a bucket's last batches); a `loss_weights`
+    key weighs them too (it is no input). None for a classifier (its label is the user's to name) or a single
+    key (nothing to predict it from)."""
+    if sequence is None or not predicts_tokens(task):
         return None
-    target = "targets" if "targets" in sequence.keys else sequence.keys[-1]
+    tokens = [key for key in sequence.keys if key != LOSS_WEIGHTS]
+    if len(tokens) < 2:
+        return None
+    target = "targets" if "targets" in tokens else tokens[-1]
     suffixes = SEQUENCE_INPUTS[sequence.mode]
-    inputs = [name for key in sequence.keys if key != target for name in (key, *(key + s for s in suffixes))]
+    inputs = [name for key in tokens if key != target for name in (key, *(key + s for s in suffixes))]
     weights: list[str] = [target + suffixes[0]]
     if sequence.mode == "bucket":
         weights.insert(0, EXAMPLE_MASK)
+    if LOSS_WEIGHTS in sequence.keys:
+        weights.append(LOSS_WEIGHTS)
     return OutputsConfig(inputs=inputs, targets=target, weights=weights[0] if len(weights) == 1 else weights)
 
 

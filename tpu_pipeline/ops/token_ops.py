@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from tpu_pipeline.config.data import LOSS_WEIGHTS
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops._util import feature, one_line
 from tpu_pipeline.ops.registry import register_op
@@ -129,16 +130,34 @@ def _shift_batch(tokens: tf.RaggedTensor) -> tuple[tf.RaggedTensor, tf.RaggedTen
     return tf.RaggedTensor.from_row_lengths(inputs, lengths), tf.RaggedTensor.from_row_lengths(targets, lengths)
 
 
+def _same_lengths(tokens: Any, weights: Any, key: str, weights_key: str) -> tf.Operation:
+    """Refuses, when the element runs, weights that are not one per token (a mask off by one trains on the wrong
+    tokens), naming both features."""
+    lengths = (tokens.row_lengths(), weights.row_lengths()) if _batch(tokens) else (tf.size(tokens), tf.size(weights))
+    return tf.debugging.assert_equal(
+        lengths[0], lengths[1], message=f"op 'lm_shift': feature '{weights_key}' must hold one weight per token of "
+        f"'{key}' (a different number here); write them together, one per token")
+
+
 @register_op("lm_shift", batchable=True)
-def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str = "targets", keep: bool = False):
+def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str = "targets", keep: bool = False,
+             weights_key: str = LOSS_WEIGHTS):
     """Next-token pairs: `inputs = tokens[:-1]`, `targets = tokens[1:]` (n tokens give n - 1 pairs; 0 or 1 token,
     none). `key` is removed unless `keep: true`. Shift before packing, so no target crosses examples.
-    On a ragged batch: `tokens[:, :-1]`, `tokens[:, 1:]` (an empty row gives two empty rows)."""
+    On a ragged batch: `tokens[:, :-1]`, `tokens[:, 1:]` (an empty row gives two empty rows).
+
+    Where the example has a per-token weight (`weights_key`, `loss_weights`: 1 on the tokens to learn, such as
+    an assistant's answer, 0 elsewhere), it becomes the weight of each target, `weights[1:]`, so a token is
+    trained on where it is predicted; a weight count other than the token count is refused when it runs."""
     op = "lm_shift"
     key = _name(key, op, "key")
     inputs_key, targets_key = _name(inputs_key, op, "inputs_key"), _name(targets_key, op, "targets_key")
+    weights_key = _name(weights_key, op, "weights_key")
     if inputs_key == targets_key:
         raise ConfigError(f"op 'lm_shift': inputs_key and targets_key are both {inputs_key!r}; give two names")
+    if weights_key in (key, inputs_key, targets_key):
+        raise ConfigError(f"op 'lm_shift': weights_key {weights_key!r} is also the name of the tokens or of an "
+                          "output; give the weights a name of their own")
     if not isinstance(keep, bool):
         raise ConfigError(f"op 'lm_shift': keep must be true or false (keep the feature {key!r}), got {keep!r}")
     if keep and key in (inputs_key, targets_key):
@@ -156,6 +175,10 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
             out[inputs_key], out[targets_key] = _shift_batch(tokens)
         else:
             out[inputs_key], out[targets_key] = tokens[:-1], tokens[1:]
+        if weights_key in features:
+            weights = _sequence(features, weights_key, op)
+            with tf.control_dependencies([_same_lengths(tokens, weights, key, weights_key)]):
+                out[weights_key] = _shift_batch(weights)[1] if _batch(weights) else tf.identity(weights[1:])
         return out
 
     return apply

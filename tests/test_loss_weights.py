@@ -1,0 +1,204 @@
+"""Loss on some tokens only: a `loss_weights` feature beside the tokens (1 on an answer's tokens, 0 on its prompt),
+as instruction and chat data carry (issue 50, items 3 and 4).
+
+`lm_shift` makes it each target's weight (`weights[1:]`); pack, pad and bucket carry it row for row with the
+targets; the derived outputs weigh the loss and metrics by it; and the language model's figures count the
+weighted tokens only. A mask one token off trains the model on the prompt, and looks fine in a log, so every
+check here is one such a shift breaks: each token's weight is a function of the token itself (its parity), and
+the figures are recomputed by plain Keras over the same logits.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_pipeline.config import config_from_dict
+from tpu_pipeline.config.data import LOSS_WEIGHTS, OpConfig
+from tpu_pipeline.ops import build_ops
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.records.writer import write_split
+
+from test_reported_figures import _compiled_language_model, _figures, _packed_batch
+
+pytestmark = pytest.mark.tf_builds
+
+LENGTH = 32
+NUM = 120
+
+
+def weight_of(token: int) -> int:
+    """The weight each token carries in these records: its parity, so a weight read one token off is wrong about
+    half the time."""
+    return token % 2
+
+
+def documents() -> list[list[int]]:
+    rng = np.random.default_rng(5)
+    # 0 to 80 tokens: empty and one-token documents (no pair), and some longer than a row (split or truncated)
+    return [rng.integers(3, 250, size=int(n)).tolist() for n in rng.integers(0, 81, size=NUM)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("loss_weights")
+
+    def example(tokens: list[int]) -> bytes:
+        feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens)),
+                   LOSS_WEIGHTS: tf.train.Feature(int64_list=tf.train.Int64List(value=[weight_of(t) for t in tokens]))}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    write_split((example(tokens) for tokens in documents()), str(root), "train", 3)
+    return str(root / "train-*.tfrecord")
+
+
+def lm_shift(**arguments):
+    (fn,), _ = build_ops([OpConfig.model_validate({"op": "lm_shift", **arguments})], "data.preprocess")
+    return fn
+
+
+def test_lm_shift_makes_each_targets_weight_that_of_its_token():
+    shift = lm_shift()
+    one = shift({"tokens": tf.constant([5, 6, 7, 8]), LOSS_WEIGHTS: tf.constant([0, 0, 1, 1])})
+    assert one["targets"].numpy().tolist() == [6, 7, 8] and one[LOSS_WEIGHTS].numpy().tolist() == [0, 1, 1]
+    assert one["inputs"].numpy().tolist() == [5, 6, 7]
+    batch = shift({"tokens": tf.ragged.constant([[5, 6, 7], [9], [], [1, 2]]),
+                   LOSS_WEIGHTS: tf.ragged.constant([[1, 0, 1], [1], [], [0, 1]])})
+    assert batch["targets"].to_list() == [[6, 7], [], [], [2]]
+    assert batch[LOSS_WEIGHTS].to_list() == [[0, 1], [], [], [1]]
+    assert "tokens" not in batch and set(shift({"tokens": tf.constant([1, 2])})) == {"inputs", "targets"}
+
+
+def test_lm_shift_refuses_weights_that_are_not_one_per_token_naming_both():
+    shift = tf.function(lm_shift())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'loss_weights' must hold one weight per token "
+                                                              "of 'tokens'"):
+        shift({"tokens": tf.constant([5, 6, 7, 8]), LOSS_WEIGHTS: tf.constant([0, 1, 1])})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one weight per token"):
+        shift({"tokens": tf.ragged.constant([[5, 6], [7]]), LOSS_WEIGHTS: tf.ragged.constant([[1], [0, 1]])})
+
+
+def lm_data(files: str, mode: str, overflow: str = "auto") -> dict:
+    return {"source": {"type": "tfrecord", "files": files},
+            "features": {"tokens": {"dtype": "int64", "kind": "ragged"}, LOSS_WEIGHTS: {"dtype": "int64", "kind": "ragged"}},
+            "preprocess": [{"op": "lm_shift", "key": "tokens"}],
+            "sequence": {"keys": ["inputs", "targets", LOSS_WEIGHTS], "length": LENGTH, "mode": mode,
+                         "overflow": overflow, "window": 16},
+            "shuffle": {"buffer_size": 32}, "repeat": 1, "batch_size": 4, "seed": 3,
+            **({} if mode == "bucket" else {"drop_remainder": False})}  # bucket: its last batches filled instead
+
+
+def lm_config(files: str, mode: str, overflow: str = "auto", outputs: dict | None = None):
+    data = {**lm_data(files, mode, overflow), **({"outputs": outputs} if outputs else {})}
+    return config_from_dict({"data": data, "train": {"task": "language_model"}, "model": {"architecture": "transformer"}})
+
+
+@pytest.mark.parametrize("mode", ["pack", "pad", "bucket"])
+def test_the_derived_outputs_weigh_by_the_loss_weights_which_are_no_input(files, mode):
+    outputs = lm_config(files, mode).data.outputs
+    mask = "_segment_ids" if mode == "pack" else "_mask"
+    assert outputs.targets == "targets" and LOSS_WEIGHTS not in outputs.inputs and "inputs" in outputs.inputs
+    expected = [*(["example_mask"] if mode == "bucket" else []), "targets" + mask, LOSS_WEIGHTS]
+    assert outputs.weights == expected
+
+
+@pytest.mark.parametrize("mode, overflow", [("pack", "split"), ("pack", "truncate"), ("pad", "truncate"),
+                                            ("bucket", "truncate")])
+def test_pack_pad_and_bucket_carry_each_targets_weight_row_for_row(files, mode, overflow):
+    """Every real target's weight is its own token's; padding weighs 0; split packing trains on every answer
+    token of every document once, truncation on those of each document's head."""
+    # bucket: its filler examples (a bucket's last batches, example_mask 0) are no real targets: shown as an input
+    outputs = {"inputs": ["inputs", "inputs_mask", "example_mask"], "targets": "targets",
+               "weights": ["example_mask", "targets_mask", LOSS_WEIGHTS]} if mode == "bucket" else None
+    pipeline = Pipeline.from_config(lm_config(files, mode, overflow, outputs).data)
+    weighted, real_slots = 0, 0
+    for inputs, targets, weights in pipeline.build():
+        targets, weights = targets.numpy(), weights.numpy()
+        real = (inputs["inputs_segment_ids"] if mode == "pack" else inputs["inputs_mask"]).numpy() > 0
+        if mode == "bucket":
+            real &= inputs["example_mask"].numpy()[:, None] > 0
+        assert np.array_equal(weights[~real], np.zeros_like(weights[~real])), "padding weighs 0"
+        assert np.array_equal(weights[real], (targets[real] % 2).astype(weights.dtype)), \
+            "a target's weight is not its own token's"
+        weighted += int(weights.sum())
+        real_slots += int(real.sum())
+    kept = [tokens[1:] if overflow == "split" else tokens[1:LENGTH + 1] for tokens in documents()]
+    assert weighted == sum(weight_of(t) for targets in kept for t in targets)  # none lost, none twice
+    assert 0 < weighted < real_slots  # some targets trained on, some not
+
+
+def test_the_language_models_figures_count_the_weighted_tokens_only():
+    """The loss and every metric over weighted targets only: numpy's figures and plain Keras's cross-entropy
+    times the mask over the mask's sum; targets changed where they weigh 0 change no figure."""
+    model = _compiled_language_model()
+    inputs, real = _packed_batch(seed=3)
+    logits = np.asarray(model(inputs, training=False))
+    rng = np.random.default_rng(4)
+    targets = rng.integers(3, 259, size=real.shape).astype(np.int32)
+    answer = (rng.random(real.shape) < 0.4).astype(np.float32)  # the weighted tokens: 0.4 of the real ones
+    weights = real * answer
+    assert 0 < weights.sum() < real.sum()
+    expected = _figures(logits, targets, weights)
+    keras = tf.keras
+    nats = keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True).numpy()
+    plain = float((nats * weights).sum() / weights.sum())
+    assert expected["cross_entropy"] == pytest.approx(plain, rel=1e-5)
+
+    def evaluated(targets: np.ndarray) -> dict[str, float]:
+        return model.evaluate(tf.data.Dataset.from_tensors((inputs, targets, weights)), verbose=0, return_dict=True)
+
+    got = evaluated(targets)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-5), name
+    assert math.exp(got["cross_entropy"]) == pytest.approx(got["perplexity"], rel=1e-5)
+    changed = targets.copy()
+    unweighted = weights == 0
+    changed[unweighted] = logits.argmax(axis=-1)[unweighted]  # where they weigh 0: now the prediction itself ...
+    same = unweighted & (changed == targets)
+    changed[same] = (targets[same] - 2) % 256 + 3  # ... or, where it was already, another byte
+    assert (changed != targets)[unweighted].all()
+    again = evaluated(changed)
+    for name in expected:
+        assert again[name] == pytest.approx(got[name], rel=1e-6), name
+
+
+def test_a_record_whose_weights_are_not_one_per_token_is_named_with_its_file_and_the_fix(tmp_path):
+    from tpu_pipeline.errors import DataError
+
+    def example(tokens: list[int], weights: list[int]) -> bytes:
+        feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens)),
+                   LOSS_WEIGHTS: tf.train.Feature(int64_list=tf.train.Int64List(value=weights))}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    records = [example([5, 6, 7], [0, 1, 1])] * 9 + [example([5, 6, 7, 8], [0, 1, 1])] + [example([9, 9], [1, 1])] * 6
+    write_split(iter(records), str(tmp_path), "train", 1)
+    data = lm_data(str(tmp_path / "train-*.tfrecord"), "pad")
+    data["shuffle"] = {"enabled": False}
+    pipeline = Pipeline.from_config(config_from_dict({"data": data, "train": {"task": "language_model"},
+                                                      "model": {"architecture": "transformer"}}).data)
+    with pytest.raises(DataError) as raised:
+        for _ in pipeline.iterator():
+            pass
+    line = str(raised.value)
+    assert "\n" not in line and "train-" in line and "record 9" in line, line
+    assert "feature 'loss_weights' must hold one weight per token of 'tokens'" in line, line
+
+
+def test_train_on_weighted_tokens_trains_and_evaluates_on_them(files, tmp_path):
+    """`train` end to end: the model takes the derived outputs (loss_weights no input of it), and its figures
+    and the evaluation's are those of the weighted targets (finite, perplexity the exp of the loss)."""
+    from tpu_pipeline.train import train
+
+    data = {**lm_data(files, "pack", "split"), "repeat": "forever", "batch_size": 8}
+    evaluation = {**lm_data(files, "pack", "split"), "shuffle": {"enabled": False}, "batch_size": 8}
+    config = config_from_dict({
+        "data": data, "eval_data": evaluation, "cluster": {"cpu_replicas": 8},
+        "model": {"architecture": "transformer", "transformer": {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 32},
+                  "optimizer": {"name": "adam"}, "schedule": {"name": "constant", "learning_rate": 0.003}},
+        "train": {"task": "language_model", "run_dir": str(tmp_path / "run"), "epochs": 1, "steps_per_epoch": 3,
+                  "tensorboard": False, "num_classes": 259}})
+    metrics = train(config, printer=lambda line: None)
+    assert all(math.isfinite(metrics[key]) for key in ("loss", "token_accuracy", "eval_loss", "eval_perplexity"))
+    assert metrics["eval_perplexity"] == pytest.approx(math.exp(metrics["eval_loss"]), rel=1e-4)
