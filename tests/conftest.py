@@ -73,7 +73,7 @@ def demo_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("demo_cache"))
 
 
-# Under `-n 2 --dist loadgroup` (scripts/run_tests.sh), two worker processes share the work in units: each
+# Under `-n 3 --dist loadgroup` (scripts/run_tests.sh), the worker processes share the work in units: each
 # test marked slow (real child processes, which its test mostly waits on) is a unit of its own, and each
 # other file is one (its module fixtures built once). A free worker takes the next unit, so the two finish
 # together, and the order sends the largest first: the in-process files known to be heaviest, then the slow
