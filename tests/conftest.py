@@ -75,7 +75,7 @@ def demo_cache(tmp_path_factory) -> str:
 
 # Under `-n 3 --dist loadgroup` (scripts/run_tests.sh), the worker processes share the work in units: each
 # test marked slow (real child processes, which its test mostly waits on) is a unit of its own, and each
-# other file is one (its module fixtures built once). A free worker takes the next unit, so the two finish
+# other file is one (its module fixtures built once). A free worker takes the next unit, so they finish
 # together, and the order sends the largest first: the in-process files known to be heaviest, then the slow
 # tests, then the other files in file order (the many small ones fill the end). docs/testing.md has the
 # measurements behind this. pytest-xdist's own `xdist_group` marks cannot make such units under pytest 9.2
