@@ -202,3 +202,50 @@ def test_train_on_weighted_tokens_trains_and_evaluates_on_them(files, tmp_path):
     metrics = train(config, printer=lambda line: None)
     assert all(math.isfinite(metrics[key]) for key in ("loss", "token_accuracy", "eval_loss", "eval_perplexity"))
     assert metrics["eval_perplexity"] == pytest.approx(math.exp(metrics["eval_loss"]), rel=1e-4)
+
+
+def test_lm_shift_gives_examples_without_weights_its_default_weight_and_refuses_another():
+    shift = lm_shift(default_weight=1)
+    one = shift({"tokens": tf.constant([5, 6, 7])})
+    assert one[LOSS_WEIGHTS].numpy().tolist() == [1, 1] and one[LOSS_WEIGHTS].dtype == tf.int32  # the tokens'
+    assert shift({"tokens": tf.constant([5, 6], tf.int64)})[LOSS_WEIGHTS].dtype == tf.int64
+    batch = shift({"tokens": tf.ragged.constant([[5, 6, 7], [], [1, 2]])})
+    assert batch[LOSS_WEIGHTS].to_list() == [[1, 1], [], [1]]
+    kept = shift({"tokens": tf.constant([5, 6, 7]), LOSS_WEIGHTS: tf.constant([1, 0, 0])})
+    assert kept[LOSS_WEIGHTS].numpy().tolist() == [0, 0]  # an example's own weights win
+    from tpu_pipeline.errors import ConfigError
+
+    for wrong in (2, 0.5, True):
+        with pytest.raises(ConfigError, match="default_weight must be 0 or 1"):
+            lm_shift(default_weight=wrong)
+
+
+def test_plain_text_mixed_with_weighted_data_trains_on_all_its_tokens_and_the_answers_of_the_rest(files, tmp_path):
+    """SFT plus a little pretraining text: a mixture of the weighted records (tokens 3-249, weight = parity) and
+    plain text (tokens 250-299, no weights; `default_weight: 1` in its own preprocess): every real target of a
+    plain document weighs 1, every other its own token's parity."""
+    rng = np.random.default_rng(8)
+    plain = (tf.train.Example(features=tf.train.Features(feature={"tokens": tf.train.Feature(
+        int64_list=tf.train.Int64List(value=rng.integers(250, 300, size=int(n)).tolist()))})).SerializeToString()
+        for n in rng.integers(2, 40, size=60))
+    write_split(plain, str(tmp_path), "train", 2)
+    data = lm_data(files, "pack", "split")
+    data.pop("source")
+    data["preprocess"] = []
+    data["mixture"] = {"sources": [
+        {"name": "answers", "weight": 0.7, "exhausted": "drop", "source": {"files": files},
+         "preprocess": [{"op": "lm_shift", "key": "tokens"}]},
+        {"name": "text", "weight": 0.3, "exhausted": "drop", "source": {"files": str(tmp_path / "train-*.tfrecord")},
+         "features": {"tokens": {"dtype": "int64", "kind": "ragged"}},
+         "preprocess": [{"op": "lm_shift", "key": "tokens", "default_weight": 1}]}]}
+    config = config_from_dict({"data": data, "train": {"task": "language_model"}, "model": {"architecture": "transformer"}})
+    from_text = from_answers = 0
+    for inputs, targets, weights in Pipeline.from_config(config.data).build():
+        targets, weights = targets.numpy(), weights.numpy()
+        real = inputs["inputs_segment_ids"].numpy() > 0
+        text = real & (targets >= 250)
+        answers = real & (targets < 250)
+        assert (weights[text] == 1).all() and np.array_equal(weights[answers], (targets[answers] % 2).astype(weights.dtype))
+        assert (weights[~real] == 0).all()
+        from_text, from_answers = from_text + int(text.sum()), from_answers + int(answers.sum())
+    assert from_text and from_answers

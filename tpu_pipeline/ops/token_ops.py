@@ -141,14 +141,17 @@ def _same_lengths(tokens: Any, weights: Any, key: str, weights_key: str) -> tf.O
 
 @register_op("lm_shift", batchable=True)
 def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str = "targets", keep: bool = False,
-             weights_key: str = LOSS_WEIGHTS):
+             weights_key: str = LOSS_WEIGHTS, default_weight: Optional[int] = None):
     """Next-token pairs: `inputs = tokens[:-1]`, `targets = tokens[1:]` (n tokens give n - 1 pairs; 0 or 1 token,
     none). `key` is removed unless `keep: true`. Shift before packing, so no target crosses examples.
     On a ragged batch: `tokens[:, :-1]`, `tokens[:, 1:]` (an empty row gives two empty rows).
 
     Where the example has a per-token weight (`weights_key`, `loss_weights`: 1 on the tokens to learn, such as
     an assistant's answer, 0 elsewhere), it becomes the weight of each target, `weights[1:]`, so a token is
-    trained on where it is predicted; a weight count other than the token count is refused when it runs."""
+    trained on where it is predicted; a weight count other than the token count is refused when it runs.
+    `default_weight` (0 or 1) gives examples without one that weight on every target, in the tokens' dtype (as
+    the parsed weights of other sources have it): a plain-text source mixed with instruction data trains on all
+    its tokens with `default_weight: 1`."""
     op = "lm_shift"
     key = _name(key, op, "key")
     inputs_key, targets_key = _name(inputs_key, op, "inputs_key"), _name(targets_key, op, "targets_key")
@@ -160,6 +163,10 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
                           "output; give the weights a name of their own")
     if not isinstance(keep, bool):
         raise ConfigError(f"op 'lm_shift': keep must be true or false (keep the feature {key!r}), got {keep!r}")
+    if default_weight is not None and (isinstance(default_weight, bool) or default_weight not in (0, 1)
+                                       or not isinstance(default_weight, int)):
+        raise ConfigError(f"op 'lm_shift': default_weight must be 0 or 1 (the {weights_key} of examples without "
+                          f"them), got {default_weight!r}")
     if keep and key in (inputs_key, targets_key):
         raise ConfigError(f"op 'lm_shift': keep: true keeps {key!r}, which is also an output name; "
                           "set keep: false or other inputs_key/targets_key")
@@ -179,6 +186,10 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
             weights = _sequence(features, weights_key, op)
             with tf.control_dependencies([_same_lengths(tokens, weights, key, weights_key)]):
                 out[weights_key] = _shift_batch(weights)[1] if _batch(weights) else tf.identity(weights[1:])
+        elif default_weight is not None:
+            targets = out[targets_key]
+            fill = lambda values: tf.fill(tf.shape(values), tf.constant(default_weight, values.dtype))  # noqa: E731
+            out[weights_key] = targets.with_flat_values(fill(targets.flat_values)) if _batch(targets) else fill(targets)
         return out
 
     return apply
