@@ -76,8 +76,8 @@ def serve(address: str) -> dict:
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address + ".tmp")
+    listener.listen(64)  # before the name appears: a client that sees it may connect at once (else: refused)
     os.rename(address + ".tmp", address)  # the client connects once the import is done
-    listener.listen(64)
     while True:
         connection, _ = listener.accept()
         header, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
