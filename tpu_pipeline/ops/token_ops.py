@@ -186,10 +186,8 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
             weights = _sequence(features, weights_key, op)
             with tf.control_dependencies([_same_lengths(tokens, weights, key, weights_key)]):
                 out[weights_key] = _shift_batch(weights)[1] if _batch(weights) else tf.identity(weights[1:])
-        elif default_weight is not None:
-            targets = out[targets_key]
-            fill = lambda values: tf.fill(tf.shape(values), tf.constant(default_weight, values.dtype))  # noqa: E731
-            out[weights_key] = targets.with_flat_values(fill(targets.flat_values)) if _batch(targets) else fill(targets)
+        elif default_weight is not None:  # one per target, ragged or not, in the tokens' dtype
+            out[weights_key] = tf.ones_like(out[targets_key]) * default_weight
         return out
 
     return apply
