@@ -329,7 +329,7 @@ def test_missing_sentencepiece_is_one_line_naming_the_extra(monkeypatch):
     (["--text_field", "t", "--ids_field", "ids", "--vocab_size", "9"], "--text_field and --ids_field: give one"),
     (["--vocab_size", "9"], "--vocab_size: only with --ids_field"),
     (["--text_field", "t", "--document_per_line"], "--document_per_line: JSON lines are one document per line"),
-    (["--tokenizer", "wordpiece"], "--tokenizer: 'wordpiece' is not a tokenizer; give bytes or spm:"),
+    (["--tokenizer", "wordpiece"], "--tokenizer: 'wordpiece' is not a tokenizer; give bytes, spm:"),
     (["--tokenizer", "spm:/no/such.model"], "--tokenizer spm:/no/such.model: no such file"),
     (["JSONL"], "is JSON lines: pass --text_field NAME"),
     (["MISSING"], "does not exist"),

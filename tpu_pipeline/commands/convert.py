@@ -8,6 +8,8 @@
     tpu-pipeline convert --from parquet path/to/dataset --text_field text --out ds/     # the hub's Parquet layout
     tpu-pipeline convert --from parquet path/to/dataset --image_field image --label_field label --out ds/
     tpu-pipeline convert --from hf path/to/saved_dataset --text_field text --out ds/     # datasets' save_to_disk
+    tpu-pipeline convert --from chat chats.jsonl --out ds/ [--chat_template chatml|gemma|tokenizer_config.json] \
+        [--tokenizer hf:tokenizer.json] [--max_conversation_tokens 2048]   # or a Parquet / save_to_disk folder
 
 --from parquet and --from hf take the splits from the layout (data/train-00000-of-00004.parquet, a split
 folder, the README.md's configs, save_to_disk's dataset_dict.json) and read with pyarrow, a row group per
@@ -27,21 +29,24 @@ from tpu_pipeline.commands import _common  # noqa: F401  (defines --workers, sha
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.records.convert import ConvertOptions, ConvertSource, convert
 
-SOURCES = ("image-folder", "csv", "numpy", "tfds", "text", "parquet", "hf")
+SOURCES = ("image-folder", "csv", "numpy", "tfds", "text", "parquet", "hf", "chat")
 TABLES = ("parquet", "hf")
 # Flags of one group of sources only: naming one with another --from is an error, not ignored.
 ONLY = {
-    "document_per_line": ("text",), "tokenizer": ("text", *TABLES), "text_field": ("text", *TABLES),
+    "document_per_line": ("text",), "tokenizer": ("text", *TABLES, "chat"), "text_field": ("text", *TABLES),
     "ids_field": ("text", *TABLES), "vocab_size": ("text", *TABLES),
-    "image_field": TABLES, "label_field": TABLES, "keep_fields": TABLES, "hf_config": TABLES, "shuffle_window_mb": TABLES,
+    "image_field": TABLES, "label_field": TABLES, "keep_fields": TABLES, "hf_config": (*TABLES, "chat"),
+    "shuffle_window_mb": (*TABLES, "chat"), "chat_template": ("chat",), "loss_on": ("chat",),
+    "max_conversation_tokens": ("chat",), "overlong": ("chat",), "max_record_tokens": ("text", *TABLES),
 }
 
 # 'from' is a Python keyword: the flag is read as FLAGS["from"].value.
 flags.DEFINE_enum("from", None, list(SOURCES), "what the input is: an image folder (one sub-folder per class), "
                   "a CSV file with a header, a .npz file, the name of a prepared TFDS dataset, text files "
                   "(.txt, or .jsonl with --text_field/--ids_field; several paths, quoted globs and directories), "
-                  "Parquet files (a file, a quoted glob, or a folder in the Hugging Face hub's layout), or hf: a folder "
-                  "written by datasets' save_to_disk")
+                  "Parquet files (a file, a quoted glob, or a folder in the Hugging Face hub's layout), hf: a folder "
+                  "written by datasets' save_to_disk, or chat: conversations (messages, prompt/completion or "
+                  "question/answer) in JSON lines, Parquet or a save_to_disk folder")
 flags.DEFINE_string("out", None, "output directory for the shards and metadata.json (local or gs://)")
 flags.DEFINE_string("data_dir", None, "tfds: the data_dir where the dataset is prepared")
 flags.DEFINE_string("splits", None, "image-folder/csv/numpy/text: 'train' or fractions 'train=0.9,validation=0.1' "
@@ -63,8 +68,19 @@ flags.DEFINE_list("class_names", None, "csv/numpy/parquet/hf: class names in id 
                   "names, else the sorted distinct string labels)")
 flags.DEFINE_string("columns", None, "csv: column types, e.g. 'age:int64,height:float32,city:string' (default: inferred)")
 flags.DEFINE_list("features", None, "tfds: the features to keep (default: all)")
-flags.DEFINE_string("tokenizer", "bytes", "text: 'bytes' (UTF-8 bytes + 3, 259 ids) or 'spm:path/to/sentencepiece.model' "
-                    "(copied into --out as tokenizer.model)")
+flags.DEFINE_string("tokenizer", "bytes", "text/chat: 'bytes' (UTF-8 bytes + 3, 259 ids; chat adds its template's "
+                    "special tokens after them), 'spm:path/to/sentencepiece.model' (copied into --out as tokenizer.model) "
+                    "or 'hf:path/to/tokenizer.json' (a Hugging Face tokenizer, copied as tokenizer.json)")
+flags.DEFINE_string("chat_template", "chatml", "chat: the chat template: chatml, gemma, a tokenizer_config.json (or its "
+                    "folder) with a chat_template, or a .jinja file")
+flags.DEFINE_enum("loss_on", "answers", ["answers", "all"], "chat: the tokens trained on: the assistant's answers and "
+                  "their end-of-turn tokens (a loss_weights feature), or all of them (no weights written)")
+flags.DEFINE_integer("max_conversation_tokens", 65_536, "chat: a longer conversation loses its oldest exchanges whole "
+                     "(--overlong truncate) or is dropped (--overlong drop); both are counted. Set it to your "
+                     "data.sequence.length so that no conversation is cut in a row")
+flags.DEFINE_enum("overlong", "truncate", ["truncate", "drop"], "chat: what happens to a conversation over "
+                  "--max_conversation_tokens: drop its oldest exchanges (never cutting a turn; the system message "
+                  "stays) until it fits, or drop it")
 flags.DEFINE_boolean("document_per_line", False, "text: each line of a .txt file is a document (default: each file)")
 flags.DEFINE_string("text_field", None, "text: read JSON lines (.jsonl/.json), the document being this field's "
                     "string; parquet/hf: the string column to tokenize")
@@ -99,6 +115,14 @@ def make_source(kind: str, target: str, more: Sequence[str] = ()) -> ConvertSour
             tokenizer=FLAGS.tokenizer, max_record_tokens=FLAGS.max_record_tokens, image_field=FLAGS.image_field,
             label_field=FLAGS.label_field, keep_fields=FLAGS.keep_fields, class_names=FLAGS.class_names,
             shuffle_window_mb=FLAGS.shuffle_window_mb,
+        )
+    if kind == "chat":
+        from tpu_pipeline.records.chat_input import chat_source
+
+        return chat_source(
+            [target, *more], template=FLAGS.chat_template, tokenizer=FLAGS.tokenizer, loss_on=FLAGS.loss_on,
+            max_tokens=FLAGS.max_conversation_tokens, overlong=FLAGS.overlong, splits=FLAGS.splits, seed=FLAGS.seed,
+            shuffle=FLAGS.shuffle, hf_config=FLAGS.hf_config, shuffle_window_mb=FLAGS.shuffle_window_mb,
         )
     splits = FLAGS.splits or "train"
     if kind == "text":
@@ -137,9 +161,10 @@ def run(overrides: Sequence[str]) -> int:
     for name, kinds in ONLY.items():
         if FLAGS[name].present and kind not in kinds:
             raise ConfigError(f"--{name}: only with --from {' or '.join(kinds)}")
-    if kind == "text" and not overrides:
-        raise ConfigError("--from text needs at least one input: .txt/.jsonl files, quoted globs or directories")
-    if len(overrides) != 1 and kind != "text":
+    if kind in ("text", "chat") and not overrides:
+        raise ConfigError(f"--from {kind} needs at least one input: .{'txt/.' if kind == 'text' else ''}jsonl files, "
+                          "quoted globs or directories" + (", or a Parquet / save_to_disk folder" if kind == "chat" else ""))
+    if len(overrides) != 1 and kind not in ("text", "chat"):
         what = "the TFDS dataset name" if kind == "tfds" else "the dataset's folder" if kind in TABLES else "the input path"
         raise ConfigError(f"convert takes exactly one positional argument, {what} (given: {list(overrides)})")
     if not FLAGS.out:
@@ -189,6 +214,22 @@ def long_documents_line(metadata: dict[str, Any]) -> str:
             f"truncate keeps {head} first length tokens")
 
 
+def chat_line(split: str, entry: dict[str, Any], megabytes: float) -> str:
+    """A chat split: conversations, tokens, how many are trained on, and what --max_conversation_tokens did."""
+    tokens = entry["num_tokens"]
+    share = f" ({entry['num_weighted_tokens'] / tokens:.0%} trained on)" if tokens else ""
+    line = (f"  {split}: {entry['num_conversations']:,} conversations, {tokens:,} tokens{share} in "
+            f"{len(entry['files'])} shard(s), {megabytes:.1f} MB")
+    cut = []
+    if entry.get("num_truncated_conversations"):
+        cut.append(f"{entry['num_truncated_conversations']:,} shortened by their oldest exchanges "
+                   f"({entry['num_dropped_turns']:,} turns dropped)")
+    if entry.get("num_dropped_long_conversations"):
+        cut.append(f"{entry['num_dropped_long_conversations']:,} dropped whole")
+    blank = f"; {entry['num_empty']:,} blank line(s) counted, not written" if entry.get("num_empty") else ""
+    return line + ("; over --max_conversation_tokens: " + ", ".join(cut) if cut else "") + blank
+
+
 def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, already_complete: bool) -> str:
     """What was written, what was skipped, and the config lines that read it."""
     if already_complete:
@@ -197,7 +238,9 @@ def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, a
         lines = [f"wrote {written} shard(s)" + (f", kept {reused} from the interrupted run" if reused else "") + f" in {out_dir}"]
     for split, entry in metadata["splits"].items():
         megabytes = sum(entry["bytes"]) / 2**20
-        if "num_documents" in entry:
+        if "num_conversations" in entry:
+            lines.append(chat_line(split, entry, megabytes))
+        elif "num_documents" in entry:
             empty = f"; {entry['num_empty']:,} empty document(s) counted, not written" if entry.get("num_empty") else ""
             parts = f" in {entry['num_examples']:,} records" if entry.get("num_split_documents") else ""
             lines.append(f"  {split}: {entry['num_documents']:,} documents{parts}, {entry['num_tokens']:,} tokens in "

@@ -16,7 +16,7 @@ import concurrent.futures
 import hashlib
 import json
 import os
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -44,8 +44,10 @@ class TableSource:
         vocab_size: Optional[int] = None, tokenizer: Union[str, Tokenizer] = "bytes",
         max_record_tokens: int = MAX_RECORD_TOKENS, image_field: Optional[str] = None,
         label_field: Optional[str] = None, keep_fields: Sequence[str] = (), class_names: Optional[Sequence[str]] = None,
-        shuffle_window_mb: float = SHUFFLE_WINDOW_MB,
+        shuffle_window_mb: float = SHUFFLE_WINDOW_MB, chat: Optional[Callable[[str], Any]] = None,
     ) -> None:
+        """`chat`: for `convert --from chat`, the records of a schema (records.chat_input.chat_records), which
+        the first file's columns choose."""
         self.kind = kind
         keep_fields = list(dict.fromkeys(keep_fields))
         _check_flags(text_field, ids_field, vocab_size, tokenizer, image_field, label_field, keep_fields,
@@ -56,8 +58,16 @@ class TableSource:
             chosen = (IdsTokenizer(int(vocab_size)) if ids_field else
                       load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer)
             self.records = TokenRecords(chosen, int(max_record_tokens))
-        self.columns = Columns(text_field, ids_field, image_field, label_field, keep_fields, self.records)
         self.layout: Layout = (find_hf if kind == "hf" else find_parquet)(local_path(path, absolute=True), config)
+        if chat is not None:
+            from tpu_pipeline.records.chat_records import detect_schema
+            from tpu_pipeline.records.tables.chat_columns import ChatColumns
+
+            first = TableFiles(kind, self.layout, [])[0]
+            self.records = chat(detect_schema(first.schema.names, f"{kind}: {first.relative}"))
+            self.columns: Any = ChatColumns(self.records)
+        else:
+            self.columns = Columns(text_field, ids_field, image_field, label_field, keep_fields, self.records)
         self.root = self.layout.root
         if self.layout.format == ARROW and "://" in self.root:
             raise ConfigError(f"--from hf: {path} is in a bucket; save_to_disk folders are read memory-mapped from a "
@@ -135,6 +145,8 @@ class TableSource:
 
     @property
     def unit(self) -> str:
+        if hasattr(self.records, "chat_entry"):
+            return " conversations"
         return " documents" if self.records is not None else " examples"
 
     def split_metadata(self, split: str, shard_stats: list[dict[str, int]]) -> dict[str, Any]:

@@ -155,7 +155,7 @@ class TokenRecords:
     def encode_many(self, texts: Sequence[str], others: Optional[Sequence[bytes]] = None) -> list[Encoded]:
         """Many documents' text; byte-level text is tokenized as one array. `others[i]`: more features of
         document i (a serialized tf.train.Features), written into each of its records."""
-        if isinstance(self.tokenizer, ByteTokenizer):
+        if isinstance(self.tokenizer, ByteTokenizer) and not self.tokenizer.added_tokens:
             raw = [text.encode("utf-8") for text in texts]
             lengths = np.fromiter(map(len, raw), np.int64, len(raw))
             return self.encode_utf8(np.frombuffer(b"".join(raw), np.uint8), np.concatenate([[0], np.cumsum(lengths)]),

@@ -245,7 +245,7 @@ class Columns:
             values = column.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
             return self.records.encode_flat(values, offsets - offsets[0], None, extra)
         column = column if pa.types.is_large_string(column.type) else column.cast(pa.large_string())
-        if isinstance(self.records.tokenizer, ByteTokenizer):  # the UTF-8 buffer as it is: one array op
+        if isinstance(self.records.tokenizer, ByteTokenizer) and not self.records.tokenizer.added_tokens:  # the UTF-8 buffer as it is: one array op
             offsets = np.frombuffer(column.buffers()[1], np.int64)[column.offset:column.offset + len(column) + 1]
             data = column.buffers()[2]
             data = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)

@@ -1,0 +1,181 @@
+"""Chat and instruction records → `tokens` + `loss_weights` tf.Examples: what `convert --from chat` writes.
+
+A record is one of three schemas, detected from the first record of the input (`detect_schema`):
+
+- `messages`: a list of `{role, content}` (roles system, user, assistant, tool; a content given as a list of
+  `{type: text, text}` parts is joined), the chat format of OpenAI, TRL and the hub;
+- `prompt` / `completion`: one exchange (TRL's; a prompt that is itself a list of messages is taken as one);
+- `question` / `answer`: one exchange.
+
+Each conversation is rendered with the chat template and tokenized whole (format/chat_encoding.py); its
+`loss_weights` are 1 on every assistant answer and its end-of-turn token, 0 elsewhere (`loss_on: all` writes
+no weights: every token is trained on). A conversation longer than `max_tokens` is truncated by dropping its
+oldest exchanges whole (a user turn and the turns that answer it; the system message stays), never cutting
+inside a turn, or dropped (`overlong: drop`, or when even its last exchange does not fit); both are counted in
+metadata.json. A conversation with no answer to learn from is an ItemError (`--on_error skip` counts it).
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from tpu_pipeline.config.data import LOSS_WEIGHTS
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.format.chat_encoding import ChatEncoder
+from tpu_pipeline.format.chat_template import ROLES, ChatTemplate
+from tpu_pipeline.format.tokenizer import Tokenizer
+from tpu_pipeline.records.convert_input import Encoded, ItemError
+from tpu_pipeline.records.token_records import FEATURE, TokenRecords, token_examples
+
+SCHEMAS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"),
+           "question_answer": ("question", "answer")}
+LOSS_ON = ("answers", "all")
+OVERLONG = ("truncate", "drop")
+
+
+def detect_schema(fields: Sequence[str], where: str) -> str:
+    """The schema whose fields the first record holds (messages first: a record may hold both)."""
+    for name, needed in SCHEMAS.items():
+        if all(field in fields for field in needed):
+            return name
+    raise ConfigError(f"{where}: no chat schema fits its fields {sorted(fields)[:20]}: give `messages` (a list of "
+                      "{role, content}), `prompt` and `completion`, or `question` and `answer`")
+
+
+def _content(value: Any, where: str, turn: int) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) for p in value):
+        kinds = {p.get("type") for p in value} - {"text"}
+        if not kinds:
+            return "".join(str(p.get("text") or "") for p in value)
+        raise ItemError(where, f"message {turn} holds parts of type {sorted(map(str, kinds))}; only text is converted")
+    raise ItemError(where, f"message {turn}'s content is a {type(value).__name__}, not a string")
+
+
+def to_messages(record: Mapping[str, Any], schema: str, where: str) -> list[dict[str, str]]:
+    """A record of `schema` as a checked list of {role, content}, with at least one assistant turn."""
+    fields = SCHEMAS[schema]
+    missing = [f for f in fields if record.get(f) is None]
+    if missing:
+        raise ItemError(where, f"no field(s) {missing} (its fields: {sorted(record)[:20]}); every record of a "
+                               f"{schema} set needs {' and '.join(fields)}")
+    if schema == "messages":
+        raw = record["messages"]
+    else:
+        prompt, answer = record[fields[0]], record[fields[1]]
+        raw = (list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
+        raw = raw + (list(answer) if isinstance(answer, list) else [{"role": "assistant", "content": answer}])
+    if not isinstance(raw, list) or not raw:
+        raise ItemError(where, f"field {fields[0]!r} must be a non-empty list of {{role, content}}")
+    messages = []
+    for turn, message in enumerate(raw, 1):
+        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
+            raise ItemError(where, f"message {turn} is not a {{role, content}} object")
+        role = message["role"]
+        if role not in ROLES:
+            raise ItemError(where, f"message {turn} has role {role!r}; roles are {', '.join(ROLES)}")
+        messages.append({"role": role, "content": _content(message["content"], where, turn)})
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ItemError(where, "no assistant turn: nothing to learn from; drop the record, or keep it with "
+                               "--on_error skip (counted)")
+    return messages
+
+
+def _entry(name: str, payload: bytes) -> bytes:
+    """A serialized Features map entry `name: Int64List(payload)`, payload being packed varints."""
+    from tpu_pipeline.records.token_records import _varint
+
+    key = name.encode()
+    int64_list = b"\x0a" + _varint(len(payload)) + payload
+    feature = b"\x1a" + _varint(len(int64_list)) + int64_list
+    entry = b"\x0a" + _varint(len(key)) + key + b"\x12" + _varint(len(feature)) + feature
+    return b"\x0a" + _varint(len(entry)) + entry
+
+
+class ChatRecords(TokenRecords):
+    """Conversations → one record each (`tokens`, `loss_weights`), and the chat entry of metadata.json."""
+
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer, *, schema: str, loss_on: str = "answers",
+                 max_tokens: int = 65_536, overlong: str = "truncate", tokenizer_spec: str = "") -> None:
+        if loss_on not in LOSS_ON:
+            raise ConfigError(f"--loss_on must be {' or '.join(LOSS_ON)} (given: {loss_on!r})")
+        if overlong not in OVERLONG:
+            raise ConfigError(f"--overlong must be {' or '.join(OVERLONG)} (given: {overlong!r})")
+        if max_tokens < 1:
+            raise ConfigError(f"--max_conversation_tokens must be >= 1 (given: {max_tokens})")
+        super().__init__(tokenizer, 0)
+        self.template, self.schema, self.loss_on = template, schema, loss_on
+        self.max_tokens, self.overlong = int(max_tokens), overlong
+        self.encoder = ChatEncoder(template, tokenizer, tokenizer_spec)
+
+    def encode_record(self, record: Mapping[str, Any], where: str) -> Encoded:
+        messages = to_messages(record, self.schema, where)
+        ids, weights = self._encode(messages, where)
+        dropped_turns = 0
+        while len(ids) > self.max_tokens:
+            shorter = self._without_oldest_exchange(messages) if self.overlong == "truncate" else None
+            if shorter is None:
+                return Encoded((), {"dropped_long": 1})
+            dropped_turns += len(messages) - len(shorter)
+            messages = shorter
+            ids, weights = self._encode(messages, where)
+        weighted = int(weights.sum())
+        if not weighted:
+            raise ItemError(where, "no weighted token: every assistant answer is empty; drop the record")
+        other = _entry(LOSS_WEIGHTS, weights.tobytes()) if self.loss_on == "answers" else None
+        record_bytes = token_examples(ids, np.array([0, len(ids)], np.int64), None if other is None else [other])
+        stats = {"documents": 1, "tokens": len(ids), "max_tokens": len(ids), "weighted_tokens": weighted,
+                 "truncated": int(dropped_turns > 0), "dropped_turns": dropped_turns}
+        return Encoded(tuple(record_bytes), stats)
+
+    def _encode(self, messages: list[dict[str, str]], where: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return self.encoder.encode(self.template.render(messages, where))
+        except Exception as error:
+            if isinstance(error, ItemError):
+                raise
+            raise ItemError(where, str(error).split(": ", 1)[-1] if str(error).startswith(where) else str(error)) from None
+
+    @staticmethod
+    def _without_oldest_exchange(messages: list[dict[str, str]]) -> Optional[list[dict[str, str]]]:
+        """The conversation without its oldest exchange (a user turn and the turns up to the next user turn); the
+        leading system message stays. None when only one exchange is left."""
+        head = 1 if messages and messages[0]["role"] == "system" else 0
+        users = [i for i in range(head, len(messages)) if messages[i]["role"] == "user"]
+        if len(users) < 2:
+            return None
+        return messages[:head] + messages[users[1]:]
+
+    # --- metadata.json ----------------------------------------------------------------------------
+
+    def split_metadata(self, shard_stats: list[dict[str, int]], with_text: bool = False) -> dict[str, Any]:
+        total: collections.Counter = collections.Counter()
+        for stats in shard_stats:
+            total.update(stats)
+        entry = super().split_metadata(shard_stats, with_text=False)
+        entry.update({
+            "num_conversations": total["documents"], "num_weighted_tokens": total["weighted_tokens"],
+            # Over --max_conversation_tokens: shortened by whole exchanges, or dropped (counted, not written).
+            "num_truncated_conversations": total["truncated"], "num_dropped_turns": total["dropped_turns"],
+            "num_dropped_long_conversations": total["dropped_long"],
+        })
+        return entry
+
+    def chat_entry(self) -> dict[str, Any]:
+        return {**self.encoder.describe(), "schema": self.schema, "loss_on": self.loss_on,
+                "max_conversation_tokens": self.max_tokens, "overlong": self.overlong}
+
+    def extra_metadata(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer.describe(), "chat": self.chat_entry()}
+
+    def features(self) -> dict[str, dict[str, Any]]:
+        found = {FEATURE: {"dtype": "int64", "kind": "ragged"}}
+        if self.loss_on == "answers":
+            found[LOSS_WEIGHTS] = {"dtype": "int64", "kind": "ragged"}
+        return found
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "chat": {**self.chat_entry(), "template_source": self.template.source}}
