@@ -258,11 +258,14 @@ def test_metadata_counts_and_cli_summary(tmp_path, capsys):
     assert "loss_weights: {dtype: int64, kind: ragged}" in out  # the config lines that read it
 
 
-def test_loss_on_all_writes_no_weights(tmp_path):
-    path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations()[:4]])
+def test_loss_on_all_writes_no_weights_and_keeps_conversations_without_answers(tmp_path):
+    unanswered = {"messages": [{"role": "user", "content": "Nobody answers this."}]}
+    path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations()[:4]] + [unanswered])
     metadata = run_convert(ChatSource([path], loss_on="all", shuffle=False), tmp_path / "out")
     assert LOSS_WEIGHTS not in metadata["features"] and metadata["chat"]["loss_on"] == "all"
-    assert all(weights == [] for _, weights in read_records(tmp_path / "out"))
+    rows = read_records(tmp_path / "out")
+    assert len(rows) == 5 and all(weights == [] for _, weights in rows)
+    assert metadata["splits"]["train"]["num_weighted_tokens"] == metadata["splits"]["train"]["num_tokens"]
 
 
 def test_records_that_fit_no_schema_are_named_and_skipped_when_asked(tmp_path):

@@ -12,7 +12,8 @@ Each conversation is rendered with the chat template and tokenized whole (format
 no weights: every token is trained on). A conversation longer than `max_tokens` is truncated by dropping its
 oldest exchanges whole (a user turn and the turns that answer it; the system message stays), never cutting
 inside a turn, or dropped (`overlong: drop`, or when even its last exchange does not fit); both are counted in
-metadata.json. A conversation with no answer to learn from is an ItemError (`--on_error skip` counts it).
+metadata.json. A conversation with no answer to learn from is an ItemError (`--on_error skip` counts it), unless every token is
+trained on (`loss_on: all`).
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def _content(value: Any, where: str, turn: int) -> str:
     raise ItemError(where, f"message {turn}'s content is a {type(value).__name__}, not a string")
 
 
-def to_messages(record: Mapping[str, Any], schema: str, where: str) -> list[dict[str, str]]:
-    """A record of `schema` as a checked list of {role, content}, with at least one assistant turn."""
+def to_messages(record: Mapping[str, Any], schema: str, where: str, need_answer: bool = True) -> list[dict[str, str]]:
+    """A record of `schema` as a checked list of {role, content}, with an assistant turn where `need_answer`."""
     fields = SCHEMAS[schema]
     missing = [f for f in fields if record.get(f) is None]
     if missing:
@@ -78,7 +79,7 @@ def to_messages(record: Mapping[str, Any], schema: str, where: str) -> list[dict
         if role not in ROLES:
             raise ItemError(where, f"message {turn} has role {role!r}; roles are {', '.join(ROLES)}")
         messages.append({"role": role, "content": _content(message["content"], where, turn)})
-    if not any(m["role"] == "assistant" for m in messages):
+    if need_answer and not any(m["role"] == "assistant" for m in messages):
         raise ItemError(where, "no assistant turn: nothing to learn from; drop the record, or keep it with "
                                "--on_error skip (counted)")
     return messages
@@ -112,7 +113,7 @@ class ChatRecords(TokenRecords):
         self.encoder = ChatEncoder(template, tokenizer, tokenizer_spec)
 
     def encode_record(self, record: Mapping[str, Any], where: str) -> Encoded:
-        messages = to_messages(record, self.schema, where)
+        messages = to_messages(record, self.schema, where, need_answer=self.loss_on == "answers")
         ids, weights = self._encode(messages, where)
         dropped_turns = 0
         while len(ids) > self.max_tokens:
@@ -122,7 +123,7 @@ class ChatRecords(TokenRecords):
             dropped_turns += len(messages) - len(shorter)
             messages = shorter
             ids, weights = self._encode(messages, where)
-        weighted = int(weights.sum())
+        weighted = int(weights.sum()) if self.loss_on == "answers" else len(ids)
         if not weighted:
             raise ItemError(where, "no weighted token: every assistant answer is empty; drop the record")
         other = _entry(LOSS_WEIGHTS, weights.tobytes()) if self.loss_on == "answers" else None

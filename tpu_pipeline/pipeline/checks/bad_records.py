@@ -39,7 +39,7 @@ from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 from tpu_pipeline.system import available_cores, default_cache_dir
 
-VERSION = 2  # 2: token features checked (vocabulary, empty documents)
+VERSION = 3  # 2: token features checked (vocabulary, empty documents); 3: chat loss masks (checks/chat_check.py)
 LOGGED_FAULTS = 20  # each fault is logged once, up to this many lines; the rest are counted
 
 

@@ -10,6 +10,8 @@ its record count against metadata.json. Random ops are left out: they are not th
 
 A file's token ids must fit the model's vocabulary and its dataset's tokenizer (`vocabularies`: which
 vocabulary each is), the smaller where both are known; with none known, only negative ids are faults.
+A chat dataset's records (metadata.json `chat`) have their loss mask checked against their tokens
+(`chat_check`), and any config's `loss_weights` are checked to be 0 or 1; weights are no token ids.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from tpu_pipeline.config.data import DataConfig
+from tpu_pipeline.config.data import LOSS_WEIGHTS, DataConfig
 from tpu_pipeline.format.example_check import (Record as Proto, context_features, is_token_feature, misfit,
                                                 parse_record, token_ids)
 from tpu_pipeline.format.sniff import file_hint
 from tpu_pipeline.format.vocabulary import Vocabulary, checked_vocabulary
 from tpu_pipeline.ops import build_ops
+from tpu_pipeline.pipeline.checks.chat_check import DatasetChats, chat_fault
 from tpu_pipeline.pipeline.checks.record_scan import FramingFault, Record, scan_records
 from tpu_pipeline.pipeline.stages.parse import make_parser
 
@@ -139,9 +142,11 @@ class FileChecker:
         """`vocab`: the config's (`config_vocabulary`); `vocabularies`: each file's own, from its dataset's
         metadata.json (`dataset_vocabularies`); a file's ids are checked against both (`checked_vocabulary`)."""
         self.features = features
-        self.tokens = {name: feature for name, feature in features.items() if is_token_feature(feature)}
+        self.tokens = {name: feature for name, feature in features.items()
+                       if is_token_feature(feature) and name != LOSS_WEIGHTS}  # weights are no ids
         self.vocab = vocab
         self.vocabularies = dict(vocabularies or {})
+        self.chats = DatasetChats()  # each file's dataset's metadata.json `chat` entry, read on first use
         self.parse = make_parser(features)  # what the pipeline runs, SequenceExamples and int32 ids included
         fns, random = build_ops(config.preprocess, f"{prefix}.preprocess")
         self.ops = [(f"{prefix}.preprocess[{i}] ({op.op})", fn)
@@ -201,6 +206,11 @@ class FileChecker:
         token = self.token_fault(path, record, example) if self.tokens else None
         if token is not None:
             return token
+        chat = self.chats(path)
+        if chat is not None or LOSS_WEIGHTS in self.features:
+            found_chat = chat_fault(example, self.features, chat)
+            if found_chat is not None:
+                return Fault(path, record.index, record.offset, *found_chat)
         if self.label_key and self.num_classes:
             stored = context_features(example)
             values = stored[self.label_key].int64_list.value if self.label_key in stored else []
