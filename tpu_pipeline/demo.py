@@ -6,6 +6,7 @@ from typing import Any, Optional, Sequence
 
 from tpu_pipeline.config import Config, load_config
 from tpu_pipeline.records import ensure_demo_dataset
+from tpu_pipeline.records.demo_chat import CHAT_DEMO_DIR, ensure_chat_demo
 from tpu_pipeline.records.demo_text import CODE_DEMO_DIR, TEXT_DEMO_DIR, ensure_code_demo, ensure_text_demo
 from tpu_pipeline.system import local_path
 
@@ -25,8 +26,8 @@ def demo_config(overrides: Sequence[str] = (), cache_dir: Optional[str] = None, 
 
 def ensure_builtin_data(raw: dict[str, Any]) -> None:
     """Writes the text (or code) demo where a config's data or eval_data source, or a source of its
-    mixture, points at it (a directory ending in demo_text/v1 or demo_code/v2, as configs/text_lm.yaml's
-    and configs/text_lm_mixture.yaml's do) and it is not there yet: such a config trains with no data of
+    mixture, points at it (a directory ending in demo_text/v1, demo_code/v2 or demo_chat/v1, as
+    configs/text_lm.yaml's, configs/text_lm_mixture.yaml's and configs/chat_sft.yaml's do) and it is not there yet: such a config trains with no data of
     yours, on any machine."""
     for section in ("data", "eval_data"):
         data = raw.get(section) or {}
@@ -38,6 +39,7 @@ def ensure_builtin_data(raw: dict[str, Any]) -> None:
             directory = source.get("dir") if isinstance(source, dict) else None
             if isinstance(directory, str) and "://" not in directory:
                 path = os.path.normpath(local_path(directory))
-                for name, ensure in ((TEXT_DEMO_DIR, ensure_text_demo), (CODE_DEMO_DIR, ensure_code_demo)):
+                for name, ensure in ((TEXT_DEMO_DIR, ensure_text_demo), (CODE_DEMO_DIR, ensure_code_demo),
+                                     (CHAT_DEMO_DIR, ensure_chat_demo)):
                     if path.endswith(os.sep + name):
                         ensure(out_dir=path)

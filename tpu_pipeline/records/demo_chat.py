@@ -203,6 +203,30 @@ def write_instruction_set(out_dir: str, *, schemas: Sequence[str] = SCHEMAS, for
     return {schema: [path for path, _ in files] for schema, files in written.items()}
 
 
+CHAT_DEMO_DIR = os.path.join("demo_chat", "v1")  # under the cache; configs/chat_sft.yaml names it
+CHAT_DEMO_TOKENS = 512  # --max_conversation_tokens of the demo: its data.sequence.length
+
+
+def ensure_chat_demo(cache_dir: Optional[str] = None, out_dir: Optional[str] = None) -> str:
+    """The chat demo, converted once by the real chat converter (ChatML, byte-level, a tenth in validation) into
+    `out_dir`; returns it. Imports stay inside: this file also runs in a bare interpreter (_CHILD)."""
+    from tpu_pipeline.format import read_metadata
+    from tpu_pipeline.records.chat_input import ChatSource
+    from tpu_pipeline.records.convert import ConvertOptions, convert
+    from tpu_pipeline.system import default_cache_dir
+
+    out_dir = out_dir or os.path.join(cache_dir or default_cache_dir(), CHAT_DEMO_DIR)
+    if read_metadata(out_dir) is not None:
+        return out_dir
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="stdlib_qa-") as scratch:
+        path = write_instruction_set(scratch, schemas=("messages",))["messages"][0]
+        source = ChatSource([path], template="chatml", tokenizer="bytes", max_tokens=CHAT_DEMO_TOKENS,
+                            splits="train=0.9,validation=0.1", seed=0)
+        convert(source, out_dir, ConvertOptions(min_shards=4, progress=False))
+    return out_dir
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="Writes question/answer pairs from the standard library's "
                                                  "docstrings as an instruction data set.")
