@@ -226,6 +226,10 @@ def _small_data_for(name: str, tmp_path) -> list[str]:
         return [f"data.mixture.sources.0.source.dir={ensure_text_demo(out_dir=str(tmp_path / 'demo_text' / 'v1'))}",
                 f"data.mixture.sources.1.source.dir={ensure_code_demo(out_dir=str(tmp_path / 'demo_code' / 'v2'))}",
                 *SMALL_TEXT]
+    if name == "chat_sft.yaml":
+        from tpu_pipeline.records.demo_chat import ensure_chat_demo
+
+        return [f"data.source.dir={ensure_chat_demo(out_dir=str(tmp_path / 'chat'), limit=150)}", *SMALL_TEXT]
     raise AssertionError(f"configs/{name} is new: add how this test feeds it small data")
 
 

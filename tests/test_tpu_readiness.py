@@ -2,7 +2,7 @@
 
 - The TPU check (`target="tpu"`: static shapes, TPU dtypes) passes on every shipped config that trains:
   configs/demo.yaml, the built-in demo config, configs/image_folder.yaml, configs/imagenet_resnet.yaml,
-  configs/imagenet_vit.yaml (RandAugment, random erasing, mixup and CutMix), configs/text_lm.yaml and configs/text_lm_mixture.yaml, each on small data of the kind it reads, for the
+  configs/imagenet_vit.yaml (RandAugment, random erasing, mixup and CutMix), configs/text_lm.yaml, configs/text_lm_mixture.yaml and configs/chat_sft.yaml, each on small data of the kind it reads, for the
   training stream and for one whole pass of the exact evaluation, as an 8-replica strategy distributes them.
   (The exact evaluation of packed rows and of a mixture once failed here: its unpadded counting pass ran
   the check.)
@@ -34,6 +34,7 @@ from tpu_pipeline.config import load_config
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.records import ConvertOptions, convert, ensure_demo_dataset
+from tpu_pipeline.records.demo_chat import ensure_chat_demo
 from tpu_pipeline.records.image_folder import ImageFolderSource
 from tpu_pipeline.records.text_input import TextSource
 from tpu_pipeline.records.writer import bytes_feature, int_feature, write_split
@@ -73,7 +74,8 @@ def data(tmp_path_factory) -> dict[str, str]:
         corpora[name] = str(root / name)
         convert(TextSource([text], splits="train=0.9,validation=0.1", text_field="text"), corpora[name],
                 ConvertOptions(min_shards=2, progress=False))
-    return {"demo_cache": demo_cache, "shapes": shapes, "flowers": flowers, "imagenet": imagenet, **corpora}
+    chat = ensure_chat_demo(out_dir=str(root / "chat"), limit=150)  # the chat demo's first pairs, converted
+    return {"demo_cache": demo_cache, "shapes": shapes, "flowers": flowers, "imagenet": imagenet, "chat": chat, **corpora}
 
 
 def imagenet_examples(count: int):
@@ -102,7 +104,8 @@ def shipped(name: str, data: dict[str, str], extra: tuple[str, ...] = ()):
         overrides = [f"{section}.mixture.sources.{index}.source.dir={data[source]}"
                      for section in sections for index, source in enumerate(("docs", "code"))]
     else:
-        directory = {"demo": data["shapes"], "image_folder": data["flowers"], "text_lm": data["docs"]}[name]
+        directory = {"demo": data["shapes"], "image_folder": data["flowers"], "text_lm": data["docs"],
+                     "chat_sft": data["chat"]}[name]
         overrides = [f"{section}.source.dir={directory}" for section in sections]
     return load_config(os.path.join(CONFIGS, f"{name}.yaml"), overrides + list(extra))
 
@@ -138,7 +141,8 @@ def static_shapes(distributed, steps: Optional[int] = None) -> set[tuple[tuple[i
 # --- (a) the TPU check on every shipped config that trains ----------------------------------------
 
 
-SHIPPED = ["demo", "builtin demo", "image_folder", "imagenet_resnet", "imagenet_vit", "text_lm", "text_lm_mixture"]
+SHIPPED = ["demo", "builtin demo", "image_folder", "imagenet_resnet", "imagenet_vit", "text_lm", "text_lm_mixture",
+           "chat_sft"]
 
 
 def test_every_config_in_configs_is_checked():

@@ -207,9 +207,10 @@ CHAT_DEMO_DIR = os.path.join("demo_chat", "v1")  # under the cache; configs/chat
 CHAT_DEMO_TOKENS = 512  # --max_conversation_tokens of the demo: its data.sequence.length
 
 
-def ensure_chat_demo(cache_dir: Optional[str] = None, out_dir: Optional[str] = None) -> str:
+def ensure_chat_demo(cache_dir: Optional[str] = None, out_dir: Optional[str] = None, limit: Optional[int] = None) -> str:
     """The chat demo, converted once by the real chat converter (ChatML, byte-level, a tenth in validation) into
-    `out_dir`; returns it. Imports stay inside: this file also runs in a bare interpreter (_CHILD)."""
+    `out_dir`; returns it. `limit`: only the first pairs (tests). Imports stay inside: this file also runs in a
+    bare interpreter (_CHILD)."""
     from tpu_pipeline.format import read_metadata
     from tpu_pipeline.records.chat_input import ChatSource
     from tpu_pipeline.records.convert import ConvertOptions, convert
@@ -220,10 +221,10 @@ def ensure_chat_demo(cache_dir: Optional[str] = None, out_dir: Optional[str] = N
         return out_dir
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="stdlib_qa-") as scratch:
-        path = write_instruction_set(scratch, schemas=("messages",))["messages"][0]
+        path = write_instruction_set(scratch, schemas=("messages",), limit=limit)["messages"][0]
         source = ChatSource([path], template="chatml", tokenizer="bytes", max_tokens=CHAT_DEMO_TOKENS,
                             splits="train=0.9,validation=0.1", seed=0)
-        convert(source, out_dir, ConvertOptions(min_shards=4, progress=False))
+        convert(source, out_dir, ConvertOptions(min_shards=2 if limit else 4, progress=False))
     return out_dir
 
 
