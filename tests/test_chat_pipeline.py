@@ -185,3 +185,31 @@ def test_a_chat_and_text_mixture_killed_twice_resumes_with_the_same_batches(sets
     lines = read_log(log)
     assert [step for step, _ in lines] == list(range(len(uninterrupted))), "a step missing or logged twice"
     assert [digest for _, digest in lines] == uninterrupted, "the killed run delivered other batches"
+
+
+def test_demo_show_prints_packed_rows_with_exactly_the_answers_marked(sets, tmp_path, capsys):
+    import re
+
+    import yaml
+    from absl import flags
+
+    from tpu_pipeline.cli import main
+
+    config = {"data": {**chat_data(sets["chat"]), "shuffle": {"enabled": False}},
+              "train": {"task": "language_model"}, "model": {"architecture": "transformer"}}
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(config))
+    try:
+        main(["tpu-pipeline", "demo", "--config", str(path), "--show", "3"])
+    except SystemExit as exit_:
+        assert not exit_.code
+    finally:
+        flags.FLAGS.unparse_flags()
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^row \d+: ", out, flags=re.M)) == 3
+    marked = [text for segment in out.split("--- segment ")[1:] for text in re.findall("⟦(.*?)⟧", segment, flags=re.S)]
+    expected = answer_suffixes(sets["conversations"])
+    assert marked and all(text.endswith("<|im_end|>") for text in marked)
+    # each conversation's marked answers, joined, are its answers: nothing of a prompt, no newline before them
+    for segment in out.split("--- segment ")[1:]:
+        assert "".join(re.findall("⟦(.*?)⟧", segment, flags=re.S)) in expected

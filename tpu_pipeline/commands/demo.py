@@ -1,7 +1,8 @@
 """`tpu-pipeline demo`: builds the input pipeline from a config and prints its throughput.
 
 `--show N` draws the first N examples instead, augmented, with their labels, as one PNG contact sheet
-(`bench.contact_sheet`). `--explain` prints the pipeline's plan first: each decision (parse mode, shuffle, record cache,
+(`bench.contact_sheet`); for a token pipeline (data.sequence) it prints the first N rows as text instead, each
+segment decoded with its dataset's tokenizer and the trained-on targets marked (`bench.token_rows`). `--explain` prints the pipeline's plan first: each decision (parse mode, shuffle, record cache,
 order, ...) with the reason it was made. The throughput is measured as `bench` and `doctor`
 measure it (`tpu_pipeline.bench.measure`: the same loop, the input pipeline alone, after a warm-up
 on the same iterator), and the output says what the figure covers. For a data.sequence config the
@@ -25,7 +26,8 @@ flags.DEFINE_integer("steps", 200, "batches to time (after the warm-up)")
 flags.DEFINE_integer("warmup", 20, "batches to skip before timing (fills caches and buffers)")
 flags.DEFINE_bool("explain", False, "print what the pipeline decided from the config, and why, before timing it")
 flags.DEFINE_integer("show", 0, "write the first N examples the pipeline delivers (augmented, with their labels or soft "
-                     "targets) as one PNG contact sheet at --show_path, instead of timing it")
+                     "targets) as one PNG contact sheet at --show_path, instead of timing it; token rows "
+                     "(data.sequence) are printed as text, the targets trained on marked")
 flags.DEFINE_string("show_path", "contact_sheet.png", "where --show writes its image (.png, or .jpg: smaller)")
 FLAGS = flags.FLAGS
 
@@ -40,6 +42,17 @@ def run(overrides: Sequence[str]) -> int:
     if FLAGS.explain:
         print("plan (what the pipeline decided, and why):")
         print(pipeline.plan.explain())
+    if FLAGS.show and config.data.sequence is not None:
+        from tpu_pipeline.bench.token_rows import token_rows
+        from tpu_pipeline.format.tokenizer import dataset_tokenizer
+
+        sources = [config.data.source] + [entry.source for entry in (config.data.mixture.sources if config.data.mixture else [])]
+        directories = [source.dir for source in sources if source is not None and source.dir]
+        if not directories:
+            raise ConfigError("--show on token rows decodes them with a converted dataset's tokenizer: give data.source.dir "
+                              "(a `tpu-pipeline convert --from text|chat` output)")
+        print(token_rows(pipeline.build(), FLAGS.show, dataset_tokenizer(directories[0])))
+        return 0
     if FLAGS.show:
         from tpu_pipeline.bench.contact_sheet import write_contact_sheet
 
