@@ -124,6 +124,46 @@ def test_builtin_templates_render_the_canonical_text_and_find_the_same_answers_b
         assert marked.render(messages) == plain.render(messages)
 
 
+@pytest.fixture(scope="module")
+def demo_conversations(tmp_path_factory) -> list[list[dict]]:
+    """The chat demo's conversations (real docstrings, some two exchanges long) and ours."""
+    from tpu_pipeline.records.demo_chat import write_instruction_set
+
+    path = write_instruction_set(str(tmp_path_factory.mktemp("qa")), schemas=("messages",))["messages"][0]
+    return [json.loads(line)["messages"] for line in open(path, encoding="utf-8")] + conversations()
+
+
+@pytest.mark.parametrize("name", ["chatml", "gemma"])
+def test_the_builtins_python_twins_render_what_their_jinja_renders(name, demo_conversations):
+    template = load_template(name)
+    assert template.direct is not None
+    for messages in demo_conversations + [[{"role": "assistant", "content": "first"}]]:
+        try:
+            direct = template.render(messages)
+        except DataError as error:
+            direct = str(error)
+        try:
+            jinja = template.render_jinja(messages)
+        except DataError as error:
+            jinja = str(error)
+        assert direct == jinja
+
+
+@pytest.mark.parametrize("name", ["chatml", "gemma"])
+def test_the_byte_level_batch_path_gives_what_token_offsets_give(name, demo_conversations):
+    """The byte-level tokenizer's batched encoding (one buffer for many conversations) against the general path
+    (each conversation's tokens and their offsets), conversation by conversation."""
+    template = load_template(name)
+    encoder = ChatEncoder(template, chat_tokenizer("bytes", template))
+    rendered = [template.render(m) for m in demo_conversations]
+    ids, weights, bounds = encoder.encode_many(rendered)
+    assert len(bounds) == len(rendered) + 1
+    for index, r in enumerate(rendered):
+        one_ids, one_weights = encoder.encode_by_offsets(r)
+        np.testing.assert_array_equal(ids[bounds[index]:bounds[index + 1]], one_ids)
+        np.testing.assert_array_equal(weights[bounds[index]:bounds[index + 1]], one_weights)
+
+
 def test_spans_are_the_answers_and_their_end_of_turn():
     template = load_template("chatml")
     for messages in conversations():
@@ -341,3 +381,14 @@ def test_text_converts_with_a_hugging_face_tokenizer_which_is_copied_beside_the_
     tokenizer = dataset_tokenizer(str(tmp_path / "out"))
     rows = read_records(tmp_path / "out")
     assert [tokenizer.decode(ids) for ids, _ in rows] == texts and all(ids[-1] == 1 for ids, _ in rows)
+
+
+def test_a_line_that_is_no_json_object_is_named_among_good_lines(tmp_path):
+    good = json.dumps({"messages": conversations()[0]})
+    path = tmp_path / "lines.jsonl"
+    path.write_text("\n".join([good, "{not json", "[1, 2]", "1, 2", "", good]) + "\n", encoding="utf-8")
+    metadata = run_convert(ChatSource([str(path)], shuffle=False), tmp_path / "out", on_error="skip")
+    entry = metadata["splits"]["train"]
+    reasons = {s["where"].rsplit(":", 1)[1]: s["reason"] for s in entry["skipped"]}
+    assert "not valid JSON" in reasons["2"] and "a JSON list" in reasons["3"] and "not valid JSON" in reasons["4"]
+    assert entry["num_conversations"] == 2 and entry["num_empty"] == 1

@@ -18,18 +18,20 @@ trained on (`loss_on: all`).
 from __future__ import annotations
 
 import collections
-from typing import Any, Mapping, Optional, Sequence
+import collections.abc
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from tpu_pipeline.config.data import LOSS_WEIGHTS
-from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.chat_encoding import ChatEncoder
-from tpu_pipeline.format.chat_template import ROLES, ChatTemplate
+from tpu_pipeline.format.chat_template import ROLES, ChatTemplate, Rendered
 from tpu_pipeline.format.tokenizer import Tokenizer
 from tpu_pipeline.records.convert_input import Encoded, ItemError
 from tpu_pipeline.records.token_records import FEATURE, TokenRecords, token_examples
 
+Result = tuple[Union[Encoded, None], Optional[ItemError]]
 SCHEMAS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"),
            "question_answer": ("question", "answer")}
 LOSS_ON = ("answers", "all")
@@ -73,7 +75,9 @@ def to_messages(record: Mapping[str, Any], schema: str, where: str, need_answer:
         raise ItemError(where, f"field {fields[0]!r} must be a non-empty list of {{role, content}}")
     messages = []
     for turn, message in enumerate(raw, 1):
-        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
+        # dict first: typing.Mapping's isinstance costs ~13 µs, more than the rest of a message's checks
+        if not (isinstance(message, dict) or isinstance(message, collections.abc.Mapping)) \
+                or "role" not in message or "content" not in message:
             raise ItemError(where, f"message {turn} is not a {{role, content}} object")
         role = message["role"]
         if role not in ROLES:
@@ -113,32 +117,83 @@ class ChatRecords(TokenRecords):
         self.encoder = ChatEncoder(template, tokenizer, tokenizer_spec)
 
     def encode_record(self, record: Mapping[str, Any], where: str) -> Encoded:
-        messages = to_messages(record, self.schema, where, need_answer=self.loss_on == "answers")
-        ids, weights = self._encode(messages, where)
+        """One conversation's record (an ItemError when it has none)."""
+        (encoded, error), = self.encode_many([record], [where])
+        if error is not None:
+            raise error
+        return encoded
+
+    def encode_many(self, records: Sequence[Mapping[str, Any]], wheres: Sequence[str]) -> list[Result]:
+        """Each record's (Encoded, None) or (None, ItemError), in order: rendered one by one, then tokenized and
+        serialized as one batch (a record at a time, the array work per record cost more than the rest)."""
+        out: list[Result] = [(None, None)] * len(records)
+        rendered, rows, conversations = [], [], []
+        for row, (record, where) in enumerate(zip(records, wheres)):
+            try:
+                messages = to_messages(record, self.schema, where, need_answer=self.loss_on == "answers")
+                rendered.append(self._render(messages, where))
+            except ItemError as error:
+                out[row] = (None, error)
+                continue
+            rows.append(row)
+            conversations.append(messages)
+        ids, weights, bounds = self.encoder.encode_many(rendered)
+        lengths = np.diff(bounds)
+        covered = np.concatenate([[0], np.cumsum(weights, dtype=np.int64)])
+        weighted = covered[bounds[1:]] - covered[bounds[:-1]] if self.loss_on == "answers" else lengths
+        good = []
+        for k, row in enumerate(rows):
+            if lengths[k] > self.max_tokens:
+                out[row] = self._shortened(conversations[k], wheres[row])
+            elif not weighted[k] or not lengths[k]:
+                out[row] = (None, ItemError(wheres[row], "no weighted token: every assistant answer is empty; drop "
+                                                         "the record" if lengths[k] else "the template rendered nothing"))
+            else:
+                good.append(k)
+        if good:
+            chosen = np.zeros(len(rows), bool)
+            chosen[good] = True
+            others = ([_entry(LOSS_WEIGHTS, weights[bounds[k]:bounds[k + 1]].tobytes()) for k in good]
+                      if self.loss_on == "answers" else None)
+            examples = token_examples(ids[np.repeat(chosen, lengths)],
+                                      np.concatenate([[0], np.cumsum(lengths[good])]), others)
+            for example, k in zip(examples, good):
+                out[rows[k]] = (Encoded((example,), self._chat_stats(int(lengths[k]), int(weighted[k]), 0)), None)
+        return out
+
+    @staticmethod
+    def _chat_stats(length: int, weighted: int, dropped_turns: int) -> dict[str, int]:
+        return {"documents": 1, "tokens": length, "max_tokens": length, "weighted_tokens": weighted,
+                "truncated": int(dropped_turns > 0), "dropped_turns": dropped_turns}
+
+    def _shortened(self, messages: list[dict[str, str]], where: str) -> Result:
+        """An over-long conversation without its oldest exchanges, whole (`overlong: truncate`), or dropped."""
         dropped_turns = 0
-        while len(ids) > self.max_tokens:
+        ids = np.empty(0, np.int64)
+        while dropped_turns == 0 or len(ids) > self.max_tokens:
             shorter = self._without_oldest_exchange(messages) if self.overlong == "truncate" else None
             if shorter is None:
-                return Encoded((), {"dropped_long": 1})
+                return Encoded((), {"dropped_long": 1}), None
             dropped_turns += len(messages) - len(shorter)
             messages = shorter
-            ids, weights = self._encode(messages, where)
+            try:
+                ids, weights = self.encoder.encode(self._render(messages, where))
+            except ItemError as error:
+                return None, error
         weighted = int(weights.sum()) if self.loss_on == "answers" else len(ids)
         if not weighted:
-            raise ItemError(where, "no weighted token: every assistant answer is empty; drop the record")
-        other = _entry(LOSS_WEIGHTS, weights.tobytes()) if self.loss_on == "answers" else None
-        record_bytes = token_examples(ids, np.array([0, len(ids)], np.int64), None if other is None else [other])
-        stats = {"documents": 1, "tokens": len(ids), "max_tokens": len(ids), "weighted_tokens": weighted,
-                 "truncated": int(dropped_turns > 0), "dropped_turns": dropped_turns}
-        return Encoded(tuple(record_bytes), stats)
+            return None, ItemError(where, "no weighted token left after dropping its oldest exchanges to fit "
+                                          f"--max_conversation_tokens {self.max_tokens}")
+        other = [_entry(LOSS_WEIGHTS, weights.tobytes())] if self.loss_on == "answers" else None
+        example, = token_examples(ids, np.array([0, len(ids)], np.int64), other)
+        return Encoded((example,), self._chat_stats(len(ids), weighted, dropped_turns)), None
 
-    def _encode(self, messages: list[dict[str, str]], where: str) -> tuple[np.ndarray, np.ndarray]:
+    def _render(self, messages: list[dict[str, str]], where: str) -> Rendered:
         try:
-            return self.encoder.encode(self.template.render(messages, where))
-        except Exception as error:
-            if isinstance(error, ItemError):
-                raise
-            raise ItemError(where, str(error).split(": ", 1)[-1] if str(error).startswith(where) else str(error)) from None
+            return self.template.render(messages, where)
+        except DataError as error:
+            reason = str(error)
+            raise ItemError(where, reason[len(where) + 2:] if reason.startswith(f"{where}: ") else reason) from None
 
     @staticmethod
     def _without_oldest_exchange(messages: list[dict[str, str]]) -> Optional[list[dict[str, str]]]:

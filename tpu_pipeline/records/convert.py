@@ -123,7 +123,7 @@ def _convert_locked(source: ConvertSource, out_dir: str, options: ConvertOptions
     if done:
         logging.info("Resuming in %s: %d shard(s) already written.", out_dir, len(done))
     written = 0
-    workers = options.num_workers()
+    workers = min(options.num_workers(), getattr(source, "max_workers", None) or options.num_workers())
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="convert")
     unit = getattr(source, "unit", None) or (" documents" if source.kind == "text" else " examples")
     bar = tqdm(total=total, desc=f"convert {source.kind}", unit=unit, disable=not options.progress,

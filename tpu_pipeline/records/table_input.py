@@ -66,6 +66,7 @@ class TableSource:
             first = TableFiles(kind, self.layout, [])[0]
             self.records = chat(detect_schema(first.schema.names, f"{kind}: {first.relative}"))
             self.columns: Any = ChatColumns(self.records)
+            self.max_workers = 2  # rows as Python objects, a template each: more threads contend for the GIL
         else:
             self.columns = Columns(text_field, ids_field, image_field, label_field, keep_fields, self.records)
         self.root = self.layout.root

@@ -126,6 +126,7 @@ class TextSource:
     """A text corpus as a ConvertSource: documents by offset, read in write order, tokenized in workers."""
 
     kind = "text"
+    batch_documents, batch_bytes = BATCH_DOCUMENTS, BATCH_BYTES  # a worker task's documents, at most
 
     def __init__(
         self, paths: Sequence[str], *, splits: str = "train", seed: int = 0, shuffle: bool = True,
@@ -212,23 +213,24 @@ class TextSource:
             for item in self.items(split, start):
                 batch.append(item)
                 size += len(item[1])
-                if size >= BATCH_BYTES or len(batch) >= BATCH_DOCUMENTS:
+                if size >= self.batch_bytes or len(batch) >= self.batch_documents:
                     yield batch
                     batch, size = [], 0
             if batch:
                 yield batch
 
-        def work(batch: list[Item]) -> list[tuple[Optional[Encoded], Optional[ItemError]]]:
-            done = []
-            for item in batch:
-                try:
-                    done.append((self.encode(item), None))
-                except ItemError as error:
-                    done.append((None, error))
-            return done
-
-        for results in ordered_map(work, batches(), executor, 2 * workers + 2):
+        for results in ordered_map(self.encode_batch, batches(), executor, 2 * workers + 2):
             yield from results
+
+    def encode_batch(self, batch: list[Item]) -> list[tuple[Optional[Encoded], Optional[ItemError]]]:
+        """Each item's records or error, in order (one worker task)."""
+        done: list[tuple[Optional[Encoded], Optional[ItemError]]] = []
+        for item in batch:
+            try:
+                done.append((self.encode(item), None))
+            except ItemError as error:
+                done.append((None, error))
+        return done
 
     def _read(self, documents: np.ndarray) -> Iterator[Item]:
         """Each document's bytes, in the given order (a seek per line, a few files kept open)."""
@@ -255,6 +257,16 @@ class TextSource:
         return f"{path}:{int(self.lines[doc])}" if self.per_line else path
 
     def encode(self, item: Item) -> Encoded:
+        doc, (text, size) = item[0], self._decoded(item)
+        if self.json_lines:
+            return self._encode_json(doc, text)
+        return self._encode_ids(self.tokenizer.encode(text) if text else [], size)
+
+    def text_of(self, item: Item) -> str:
+        """A document's text: its bytes without a BOM or a line's CR, decoded; not UTF-8 is an ItemError."""
+        return self._decoded(item)[0]
+
+    def _decoded(self, item: Item) -> tuple[str, int]:
         doc, raw = item
         if self.starts[doc] == 0 and raw.startswith(_BOM):
             raw = raw[len(_BOM):]
@@ -267,9 +279,7 @@ class TextSource:
             at = "" if self.per_line else f" on line {line}"
             raise ItemError(self.where(doc), f"not UTF-8 text ({error.reason} at byte {error.start}{at}); "
                                              "save it as UTF-8") from None
-        if self.json_lines:
-            return self._encode_json(doc, text)
-        return self._encode_ids(self.tokenizer.encode(text) if text else [], len(raw))
+        return text, len(raw)
 
     def _encode_json(self, doc: int, text: str) -> Encoded:
         if not text.strip():  # a blank line holds no document: counted as empty

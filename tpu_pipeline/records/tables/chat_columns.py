@@ -13,7 +13,6 @@ import pyarrow as pa
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.records.chat_records import SCHEMAS, ChatRecords
-from tpu_pipeline.records.convert_input import ItemError
 from tpu_pipeline.records.tables.columns import Result
 from tpu_pipeline.records.tables.files import TableFiles
 
@@ -44,10 +43,4 @@ class ChatColumns:
         return self.records.features()
 
     def encode(self, table: pa.Table, where: list[str]) -> list[Result]:
-        out: list[Result] = []
-        for row, record in enumerate(table.select(self.names).to_pylist()):
-            try:
-                out.append((self.records.encode_record(record, where[row]), None))
-            except ItemError as error:
-                out.append((None, error))
-        return out
+        return self.records.encode_many(table.select(self.names).to_pylist(), where)  # type: ignore[return-value]
