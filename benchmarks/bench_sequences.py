@@ -39,6 +39,11 @@ the files forever, on one input pipeline on the CPU:
                   of density (nothing is truncated either: more tokens per example than the others)
   parse only      batched parse (`parse_example` of 1024 records, RaggedFeature) and nothing else
   parse 1-by-1    `parse_single_example` of each record, then ragged_batch(64), and nothing else
+  LM pack         a language model's pipeline: lm_shift, data.sequence keys [inputs, targets], mode pack
+                  (overflow truncate), outputs derived for train.task language_model
+  LM pack, weights  the same on the same tokens with a `loss_weights` feature beside them (0 on each
+                  document's first half, 1 on the rest, as chat data carries): keys [inputs, targets,
+                  loss_weights]. Issue 50 asks it to keep 0.9x the tokens/s of LM pack (the table's last line)
 
 The packing-cost target: the packing stage's CPU µs per example (ours pack − ours pad, the same
 pipeline with mode pad: same read and parse; pack, batched − parse only) beside the parse that feeds
@@ -167,6 +172,26 @@ def ours_config(pattern: str, length: int, mode: str) -> dict:
                      "sequence": sequence, "batch_size": BATCH, "repeat": "forever", "shuffle": {"enabled": False}}}
 
 
+def lm_pack(pattern: str, length: int, weights: bool) -> tf.data.Dataset:
+    """A language model's packed pipeline (lm_shift, derived outputs); `weights`: with each target's loss weight."""
+    features = {KEY: {"dtype": "int64", "kind": "ragged"}}
+    keys = ["inputs", "targets"]
+    if weights:
+        features[sequence_workloads.WEIGHTS] = {"dtype": "int64", "kind": "ragged"}
+        keys.append(sequence_workloads.WEIGHTS)
+    data = {"source": {"type": "tfrecord", "files": pattern}, "features": features,
+            "preprocess": [{"op": "lm_shift", "key": KEY}],
+            "sequence": {"keys": keys, "length": length, "mode": "pack", "overflow": "truncate"},
+            "batch_size": BATCH, "repeat": "forever", "shuffle": {"enabled": False}}
+    config = config_from_dict({"data": data, "train": {"task": "language_model"}, "model": {"architecture": "transformer"}})
+    return Pipeline.from_config(config.data).build()
+
+
+def count_lm(batch: tuple) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(inputs, targets, weights) batches: real tokens and examples from the inputs' segment ids."""
+    return count_segments({KEY: batch[0]["inputs"], f"{KEY}_segment_ids": batch[0]["inputs_segment_ids"]})
+
+
 def ours(pattern: str, length: int, mode: str) -> tf.data.Dataset:
     config = config_from_dict(ours_config(pattern, length, mode)).data
     return Pipeline.from_config(config).build()
@@ -223,7 +248,11 @@ def parse_one_by_one(pattern: str) -> tf.data.Dataset:
     return dataset.ragged_batch(BATCH, drop_remainder=True).prefetch(AUTO)
 
 
-def pipelines(pattern: str, length: int, mean_length: float, seqio_utils: Any) -> dict[str, tuple[Callable, Counter]]:
+LM_PACK, LM_WEIGHTS = "LM pack", "LM pack, weights"
+
+
+def pipelines(pattern: str, length: int, mean_length: float, seqio_utils: Any,
+              weighted: str = "") -> dict[str, tuple[Callable, Counter]]:
     out: dict[str, tuple[Callable, Counter]] = {
         "ours pack": (lambda: ours(pattern, length, "pack"), count_segments),
         "ours bucket": (lambda: ours(pattern, length, "bucket"), count_mask(f"{KEY}_mask", "example_mask")),
@@ -237,6 +266,9 @@ def pipelines(pattern: str, length: int, mean_length: float, seqio_utils: Any) -
     out["concat-split"] = (lambda: concat_split(pattern, length), count_dense(mean_length))
     out[PARSE] = (lambda: parse_only(pattern), count_parsed)
     out[PARSE_ONE] = (lambda: parse_one_by_one(pattern), count_parsed)
+    out[LM_PACK] = (lambda: lm_pack(pattern, length, False), count_lm)
+    if weighted:
+        out[LM_WEIGHTS] = (lambda: lm_pack(weighted, length, True), count_lm)
     return out
 
 
@@ -299,7 +331,8 @@ def bench_workload(workload: str, args: argparse.Namespace, seqio_utils: Any) ->
     name, length = WORKLOADS[workload]
     meta = sequence_workloads.ensure(name, args.cache_dir)
     pattern = os.path.join(meta["dir"], "train-*.tfrecord")
-    table = pipelines(pattern, length, meta["lengths"]["mean"], seqio_utils)
+    weighted = os.path.join(sequence_workloads.ensure(name, args.cache_dir, weights=True)["dir"], "train-*.tfrecord")
+    table = pipelines(pattern, length, meta["lengths"]["mean"], seqio_utils, weighted)
     for skipped in filter(None, args.skip.split(",")):
         table.pop(skipped.strip(), None)
     names = list(table)
@@ -367,6 +400,10 @@ def print_table(result: dict) -> None:
         if parse in names:
             line += f" vs the parse feeding it ({parse}) {med(parse, 'cpu_us_ex'):.1f}"
         print(line, flush=True)
+    if LM_PACK in names and LM_WEIGHTS in names:  # issue 50: weights ride along at >= 0.9x the tokens/s
+        speed, cpu = ratios(LM_WEIGHTS, LM_PACK), ratios(LM_PACK, LM_WEIGHTS, "cpu_us_ex")
+        print(f"  {LM_WEIGHTS} ÷ {LM_PACK}: tokens/s {statistics.median(speed):.2f} (worst {min(speed):.2f}), CPU per "
+              f"example {1 / statistics.median(cpu):.2f}x", flush=True)
 
 
 # --- --against: our pack mode beside another commit's and seqio's, each in a process of its own -------

@@ -77,14 +77,23 @@ def token_rows(name: str) -> Iterator[np.ndarray]:
         yield ids[start:start + length]
 
 
-def serialize(tokens: np.ndarray) -> bytes:
-    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=tokens.tolist()))
-    return tf.train.Example(features=tf.train.Features(feature={KEY: feature})).SerializeToString()
+WEIGHTS = "loss_weights"
 
 
-def ensure(name: str, cache_dir: str | None = None) -> dict:
-    """The workload's metadata (its directory under "dir"), generated on first use."""
-    out_dir = os.path.join(bench_dir(cache_dir), name)
+def serialize(tokens: np.ndarray, weights: bool = False) -> bytes:
+    """A tf.Example of the tokens; with `weights`, a `loss_weights` feature too: 0 on the first half of the tokens
+    (a prompt), 1 on the rest (its answer), as `convert --from chat` writes them."""
+    feature = {KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=tokens.tolist()))}
+    if weights:
+        mask = (np.arange(len(tokens)) >= len(tokens) // 2).astype(np.int64)
+        feature[WEIGHTS] = tf.train.Feature(int64_list=tf.train.Int64List(value=mask.tolist()))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def ensure(name: str, cache_dir: str | None = None, weights: bool = False) -> dict:
+    """The workload's metadata (its directory under "dir"), generated on first use; `weights`: the same tokens with
+    a `loss_weights` feature beside them, in a directory of its own."""
+    out_dir = os.path.join(bench_dir(cache_dir), name + ("_weights" if weights else ""))
     metadata = read_metadata(out_dir)
     if metadata is None:
         lengths: list[int] = []
@@ -92,7 +101,7 @@ def ensure(name: str, cache_dir: str | None = None) -> dict:
         def records() -> Iterator[bytes]:
             for tokens in token_rows(name):
                 lengths.append(len(tokens))
-                yield serialize(tokens)
+                yield serialize(tokens, weights)
 
         split = write_split(records(), out_dir, "train", SHARDS)
         array = np.array(lengths)
@@ -100,8 +109,10 @@ def ensure(name: str, cache_dir: str | None = None) -> dict:
                  "mean": float(array.mean()), "min": int(array.min()), "max": int(array.max()),
                  "kept": {str(n): int(np.minimum(array, n).sum()) for n in (128, 256, 512, 1024, 2048, 4096)},
                  "over": {str(n): float((array > n).mean()) for n in (128, 256, 512, 1024, 2048, 4096)}}
-        write_metadata(out_dir, {"name": name, "source": "benchmarks/sequence_workloads.py",
-                                 "features": {KEY: {"dtype": "int64", "kind": "ragged"}},
+        features = {KEY: {"dtype": "int64", "kind": "ragged"}}
+        if weights:
+            features[WEIGHTS] = {"dtype": "int64", "kind": "ragged"}
+        write_metadata(out_dir, {"name": name, "source": "benchmarks/sequence_workloads.py", "features": features,
                                  "splits": {"train": split}, "lengths": stats})
         metadata = read_metadata(out_dir)
     return {**metadata, "dir": out_dir}
