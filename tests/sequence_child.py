@@ -53,7 +53,8 @@ def cut_log(out_dir: str, steps: int) -> None:
     os.replace(path + ".tmp", path)
 
 
-def main(config_path: str, out_dir: str) -> None:
+def run(config_path: str, out_dir: str, describe) -> None:
+    """Iterates the config's pipeline to the end: each step's `describe(batch)` logged, flushed, THEN checkpointed."""
     import tensorflow as tf
 
     from tpu_pipeline.config import config_from_dict
@@ -70,14 +71,17 @@ def main(config_path: str, out_dir: str) -> None:
     cut_log(out_dir, int(step.numpy()))
     with open(os.path.join(out_dir, "ids.log"), "a") as log:
         for batch in iterator:
-            ids = segment_ids({key: value.numpy() for key, value in batch.items()})
-            log.write(f"{int(step.numpy())} {' '.join(map(str, ids))}\n")
+            log.write(f"{int(step.numpy())} {describe(batch)}\n")
             log.flush()
             os.fsync(log.fileno())
             step.assign_add(1)
             manager.save(checkpoint_number=int(step.numpy()))
             time.sleep(0.03)  # room for the parent to kill anywhere in a step
     print("done", flush=True)
+
+
+def main(config_path: str, out_dir: str) -> None:
+    run(config_path, out_dir, lambda batch: " ".join(map(str, segment_ids({k: v.numpy() for k, v in batch.items()}))))
 
 
 if __name__ == "__main__":

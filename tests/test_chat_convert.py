@@ -15,9 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-from absl import flags
 
-from tpu_pipeline.cli import main
 from tpu_pipeline.config.data import LOSS_WEIGHTS
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format import dataset_tokenizer
@@ -25,6 +23,8 @@ from tpu_pipeline.format.chat_encoding import ChatEncoder, chat_tokenizer
 from tpu_pipeline.format.chat_template import CHATML, GEMMA, ChatTemplate, load_template
 from tpu_pipeline.records import ConvertOptions, convert, read_metadata
 from tpu_pipeline.records.chat_input import ChatSource, chat_source
+
+from test_convert_text import cli
 
 pytestmark = pytest.mark.tf_independent
 
@@ -75,18 +75,6 @@ def read_records(out) -> list[tuple[list[int], list[int]]]:
 def run_convert(source, out, **options) -> dict:
     convert(source, str(out), ConvertOptions(min_shards=1, progress=False, **options))
     return read_metadata(str(out))
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(["tpu-pipeline", "convert", *args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    finally:
-        flags.FLAGS.unparse_flags()
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

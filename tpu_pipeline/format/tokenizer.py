@@ -62,6 +62,15 @@ def overlapping(tokens_starts: np.ndarray, token_ends: np.ndarray, weighted: np.
     return np.where(token_ends > tokens_starts, overlap > 0, point > 0).astype(np.uint8)
 
 
+def _model_file(path: str, missing: str) -> tuple[str, bytes, str]:
+    """A tokenizer's model file: (path, its bytes, their sha256); `missing` is the error when there is none."""
+    if not tf.io.gfile.exists(path):
+        raise ConfigError(missing)
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        data = handle.read()
+    return path, data, hashlib.sha256(data).hexdigest()
+
+
 class ByteTokenizer:
     """UTF-8 bytes as ids `byte + 3`: 259 ids, every string encodable, nothing to install or ship; plus, for chat
     data, its template's special tokens as ids 259, 260, ... (`added_tokens`, in the order given)."""
@@ -144,12 +153,8 @@ class SentencePieceTokenizer:
             import sentencepiece
         except ImportError:
             raise ConfigError(f"{flag} spm:...: needs the sentencepiece package: {_SPM_INSTALL}") from None
-        if not tf.io.gfile.exists(path):
-            raise ConfigError(f"{flag} spm:{path}: no such file; give the path of a SentencePiece .model file")
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            self.model_proto: bytes = handle.read()
-        self.path = path
-        self.model_sha256 = hashlib.sha256(self.model_proto).hexdigest()
+        self.path, self.model_proto, self.model_sha256 = _model_file(
+            path, f"{flag} spm:{path}: no such file; give the path of a SentencePiece .model file")
         try:
             self._processor = sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
         except Exception as error:  # the library raises RuntimeError/OSError with C++ text
@@ -192,12 +197,8 @@ class HuggingFaceTokenizer:
             raise ConfigError(f"{flag} hf:...: needs the tokenizers package: {_SPM_INSTALL}") from None
         if tf.io.gfile.isdir(path):
             path = tf.io.gfile.join(path, HF_MODEL_FILE)
-        if not tf.io.gfile.exists(path):
-            raise ConfigError(f"{flag} hf:{path}: no such file; give a Hugging Face tokenizer.json (or its folder)")
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            self.model_proto: bytes = handle.read()
-        self.path = path
-        self.model_sha256 = hashlib.sha256(self.model_proto).hexdigest()
+        self.path, self.model_proto, self.model_sha256 = _model_file(
+            path, f"{flag} hf:{path}: no such file; give a Hugging Face tokenizer.json (or its folder)")
         try:
             self._tokenizer = tokenizers.Tokenizer.from_str(self.model_proto.decode("utf-8"))
         except Exception as error:  # the library raises Exception with Rust text

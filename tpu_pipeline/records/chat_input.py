@@ -112,7 +112,7 @@ class ChatSource(TextSource):
         records, wheres, kept = [], [], []
         for row, value in zip(rows, values):
             try:
-                record = value if isinstance(value, dict) else self._record(texts[row], batch[row][0])
+                record = value if isinstance(value, dict) else self.json_object(texts[row], batch[row][0])
             except ItemError as error:
                 out[row] = (None, error)
                 continue
@@ -128,16 +128,6 @@ class ChatSource(TextSource):
         if error is not None:
             raise error
         return encoded  # type: ignore[return-value]
-
-    def _record(self, text: str, doc: int) -> dict[str, Any]:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ItemError(self.where(doc), f"not valid JSON ({error.msg} at column {error.colno}); JSON lines "
-                                             "hold one object per line") from None
-        if not isinstance(value, dict):
-            raise ItemError(self.where(doc), f"a JSON {type(value).__name__} where one object per line is expected")
-        return value
 
     def features(self) -> dict[str, dict[str, Any]]:
         return self.chat.features()

@@ -281,9 +281,8 @@ class TextSource:
                                              "save it as UTF-8") from None
         return text, len(raw)
 
-    def _encode_json(self, doc: int, text: str) -> Encoded:
-        if not text.strip():  # a blank line holds no document: counted as empty
-            return Encoded((), {"empty": 1})
+    def json_object(self, text: str, doc: int) -> dict[str, Any]:
+        """One JSON line's object; anything else is an ItemError naming file:line."""
         try:
             value = json.loads(text)
         except json.JSONDecodeError as error:
@@ -291,6 +290,12 @@ class TextSource:
                                              "hold one object per line") from None
         if not isinstance(value, dict):
             raise ItemError(self.where(doc), f"a JSON {type(value).__name__} where one object per line is expected")
+        return value
+
+    def _encode_json(self, doc: int, text: str) -> Encoded:
+        if not text.strip():  # a blank line holds no document: counted as empty
+            return Encoded((), {"empty": 1})
+        value = self.json_object(text, doc)
         field = self.ids_field or self.text_field
         if field not in value:
             raise ItemError(self.where(doc), f"no field {field!r} (its fields: {sorted(value)[:20]}); "
