@@ -116,13 +116,6 @@ class ChatRecords(TokenRecords):
         self.max_tokens, self.overlong = int(max_tokens), overlong
         self.encoder = ChatEncoder(template, tokenizer, tokenizer_spec)
 
-    def encode_record(self, record: Mapping[str, Any], where: str) -> Encoded:
-        """One conversation's record (an ItemError when it has none)."""
-        (encoded, error), = self.encode_many([record], [where])
-        if error is not None:
-            raise error
-        return encoded
-
     def encode_many(self, records: Sequence[Mapping[str, Any]], wheres: Sequence[str]) -> list[Result]:
         """Each record's (Encoded, None) or (None, ItemError), in order: rendered one by one, then tokenized and
         serialized as one batch (a record at a time, the array work per record cost more than the rest)."""
