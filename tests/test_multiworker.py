@@ -116,6 +116,19 @@ def test_two_workers_with_a_shared_run_dir_resume_exactly_after_a_kill_and_a_sig
     assert resumed and 0 < int(resumed[0].split("step ")[1].split()[0]) <= killed_at, printed[0][-3000:]
     sigterm_step = agreed_sigterm_step(printed, run_dir)
 
+    # 2b. The same command on one host: each worker's step stood for a place in its own shard of 2, so on
+    # one pipeline the rest of the epoch would repeat some examples and skip others. Refused in one line
+    # naming both counts, before anything is trained or written.
+    logged, files = max_step(out_dir), sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    metrics_at = os.path.getmtime(os.path.join(run_dir, "metrics.json"))  # the SIGTERM's (no evaluation)
+    alone = subprocess.run([sys.executable, CHILD, "train", config_path, out_dir], cwd=REPO, env=ENV,
+                           capture_output=True, text=True, timeout=240)
+    assert alone.returncode == 2, alone.stdout[-3000:] + alone.stderr[-3000:]
+    assert (f"ckpt-{sigterm_step} was written by 2 hosts (input pipelines) and this run has 1 host; its input resumes "
+            "exactly only on as many") in alone.stderr + alone.stdout, alone.stdout[-3000:] + alone.stderr[-3000:]
+    assert max_step(out_dir) == logged and sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == files
+    assert os.path.getmtime(os.path.join(run_dir, "metrics.json")) == metrics_at
+
     # 3. Both start again and finish.
     workers = start_workers(config_path, out_dir)
     printed = finish(workers)

@@ -129,7 +129,8 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     run_dir = config.train.run_dir
     tf.io.gfile.makedirs(run_dir)
     # Before any work: a run directory resumes only the data, model and task it was started with.
-    for line in started_with.check_resume(config, tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
+    for line in started_with.check_resume(config, tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints")),
+                                           cluster.num_hosts):
         printer(line)
     run_key = f"run{next(_RUN_KEYS)}"
     store = store_for(cluster.framework) if cluster.num_workers > 1 else None
@@ -199,7 +200,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
 
     model = _model_for(config, cluster, train_pipeline, input_shape, steps, model_fn)
     state = TrainState(task_named(config.train.task))
-    started_with_now = started_with.variable(config)
+    started_with_now = started_with.variable(config, cluster.num_hosts)
     held = CheckpointedModel(model)  # a JAX model's weights go in as tf.Variable copies (model.checkpointed)
     checkpoint = tf.train.Checkpoint(**held.parts, epoch=state.epoch, history=state.history_json,
                                      **{started_with.STARTED_WITH_KEY: started_with_now},
@@ -233,7 +234,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
                 "a change train.allow_changes accepts must keep the weights' shapes: start a new train.run_dir"
             ) from None
         held.after_restore()
-        started_with_now.assign(json.dumps(started_with.record(config)))  # an accepted change is what goes on
+        started_with_now.assign(json.dumps(started_with.record(config, cluster.num_hosts)))  # an accepted change is what goes on
         resumed_from = int(model.optimizer.iterations.numpy())
         finished = read_metrics(run_dir) if resumed_from >= total_steps else None
         if finished is not None and PREEMPTED_KEY not in finished:  # a SIGTERM's metrics lack the evaluation

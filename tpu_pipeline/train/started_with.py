@@ -22,14 +22,16 @@ from tpu_pipeline.errors import ConfigError
 STARTED_WITH_KEY = "started_with"  # the checkpoint's string variable: the record below, as JSON
 
 
-def record(config: Config) -> dict[str, Any]:
-    """What a checkpoint of this config keeps: the compared keys, and train.epochs (free: a resume with more trains them)."""
-    return {"identity": run_identity(config), "epochs": config.train.epochs}
+def record(config: Config, input_pipelines: int) -> dict[str, Any]:
+    """What a checkpoint of this config keeps: the compared keys, train.epochs (free: a resume with more
+    trains them) and the number of input pipelines (hosts) whose places its steps stand for."""
+    return {"identity": run_identity(config), "epochs": config.train.epochs, "input_pipelines": input_pipelines}
 
 
-def variable(config: Config) -> tf.Variable:
+def variable(config: Config, input_pipelines: int) -> tf.Variable:
     """The checkpoint's record of this config (assign it again after a restore: an accepted change then sticks)."""
-    return tf.Variable(json.dumps(record(config)), dtype=tf.string, trainable=False, name=STARTED_WITH_KEY)
+    return tf.Variable(json.dumps(record(config, input_pipelines)), dtype=tf.string, trainable=False,
+                       name=STARTED_WITH_KEY)
 
 
 def saved_record(path: str) -> Optional[dict[str, Any]]:
@@ -42,14 +44,16 @@ def saved_record(path: str) -> Optional[dict[str, Any]]:
     return json.loads(value.decode() if isinstance(value, bytes) else str(value))
 
 
-def check_resume(config: Config, latest: Optional[str]) -> list[str]:
+def check_resume(config: Config, latest: Optional[str], input_pipelines: int) -> list[str]:
     """Refuses (ConfigError) a resume of `latest` whose compared keys differ from this config's and are not
-    in train.allow_changes; returns the lines to print about what differs and is accepted."""
+    in train.allow_changes, or that runs on another number of input pipelines than wrote it (`check_hosts`);
+    returns the lines to print about what differs and is accepted."""
     if latest is None:
         return []
     saved = saved_record(latest)
     if saved is None:
         return []
+    check_hosts(config, latest, saved, input_pipelines)
     changed = differences(saved["identity"], run_identity(config))
     run_dir = config.train.run_dir
     framework = [change for change in changed if change[0] == "model.framework"]
@@ -77,3 +81,22 @@ def check_resume(config: Config, latest: Optional[str]) -> list[str]:
                      f"learning-rate schedule is laid out over {config.train.epochs} epoch(s), so it goes on at its "
                      "value for the resumed step on that curve")
     return lines
+
+
+def check_hosts(config: Config, latest: str, saved: dict[str, Any], input_pipelines: int) -> None:
+    """Refuses a resume on another number of input pipelines (hosts) than wrote `latest`.
+
+    A step stands for the same place in each host's own stream (its shard of every epoch, a pure function
+    of data.seed, the epoch and the pipeline's index among as many): on another number of pipelines the
+    shards differ, so the rest of the interrupted epoch would repeat some examples and skip others without
+    a word. Through data.service a resume starts a fresh job at an epoch's start whatever the hosts, so it
+    goes on. Checkpoints written before the count was kept are not compared."""
+    was = saved.get("input_pipelines")
+    if was is None or was == input_pipelines or config.data is None or config.data.service.enabled:
+        return
+    hosts = lambda count: f"{count} host{'s' if count != 1 else ''}"  # noqa: E731
+    raise ConfigError(
+        f"train.run_dir={config.train.run_dir}: {latest} was written by {hosts(was)} (input pipelines) and this run "
+        f"has {hosts(input_pipelines)}; its input resumes exactly only on as many, since each host's place is in its "
+        f"own shard of the data (docs/resume.md): resume it on {hosts(was)}, or start a new train.run_dir"
+    )
