@@ -24,6 +24,7 @@ from tpu_pipeline.pipeline.checks.empty_check import first_records
 from tpu_pipeline.pipeline.checks.spec_check import check_first_record
 from tpu_pipeline.pipeline.checks.tpu_check import check_tpu_compatible
 from tpu_pipeline.pipeline.core import seeds
+from tpu_pipeline.pipeline.core.remainder import Remainder
 from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
 from tpu_pipeline.pipeline.mixtures.mixture_weights import by_tokens
@@ -103,7 +104,7 @@ class Pipeline:
         return self.with_parts(self.parts.inserted(stage, before=before, after=after))
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,
-              with_position: bool = False, chunk: int = 0) -> tf.data.Dataset:
+              with_position: bool = False, chunk: int = 0, remainder: Optional[Remainder] = None) -> tf.data.Dataset:
         """The dataset of one input pipeline; `start`: examples it delivered before (a resume).
 
         A resumed stream is exactly the rest of the uninterrupted one: the epochs are pure
@@ -115,14 +116,21 @@ class Pipeline:
         chunks of that example before it (pack), `skip` its outputs delivered before.
         `with_position`: each element comes as (element, position), the position being the
         `resume_position.POSITION_KEYS` of its outputs (what the iterators save).
+
+        `remainder` (`core.remainder.Remainder`: a resume on another number of input pipelines): this
+        pipeline's share of what the old layout's pipelines had left of their epoch, then its own epochs
+        from the next; `start` is then its stream position where its share begins (`Remainder.start`).
         """
         context = input_context or tf.distribute.InputContext()
         parts = self._parts_with_position(with_position)
         mode = self.sequence_mode
+        if remainder is not None and not self.deals_remainders:
+            raise ValueError("only a pipeline of examples from a source with epochs, without a window or "
+                             "tf.data service, can deal another layout's remainder (deals_remainders)")
         if mode is not None and mode.shares_stream(context):
             dataset = self._shared_buckets(parts, context, start, skip)
         elif parts.service is None:
-            dataset = self._stream(parts, context, start, skip_outputs=skip, chunk=chunk)
+            dataset = self._stream(parts, context, start, skip_outputs=skip, chunk=chunk, remainder=remainder)
         else:  # no position through the service: a resume there restarts at an epoch (`service_restart`)
             dataset = self._through_service(self.parts, context, start)
         if self.check_tpu:
@@ -146,6 +154,13 @@ class Pipeline:
         if sequence is not None:
             return sequence_mode(sequence.mode)
         return sequence_mode(self.windowed.mode_name) if self.windowed is not None else None
+
+    @property
+    def deals_remainders(self) -> bool:
+        """True: a resume on another number of input pipelines can go on exactly (`build(remainder=...)`):
+        a stream of examples (no window: its place is computed from the step) from a source of epochs
+        (not a mixture, which places each of its sources itself) and not through tf.data service."""
+        return self.parts.windowed is None and self.parts.service is None and not self.source.seekable
 
     @property
     def windowed(self) -> Optional[Windowed]:
@@ -213,10 +228,12 @@ class Pipeline:
 
     def _stream(self, parts: Parts, context: tf.distribute.InputContext, start: int = 0,
                 first_epoch: Optional[int] = None, salted: bool = False, skip_outputs: int = 0,
-                chunk: int = 0) -> tf.data.Dataset:
+                chunk: int = 0, remainder: Optional[Remainder] = None) -> tf.data.Dataset:
         """`parts` after the source, epoch by epoch; from example `start` (exactly), or from the
-        beginning of `first_epoch`. `salted`: each run of the graph (each service worker) folds a
-        value of its own into the epoch, hence into every per-epoch seed."""
+        beginning of `first_epoch`, or this pipeline's share of another layout's `remainder` and then
+        its epochs from the next (`start` then counts the examples before its share). `salted`: each run
+        of the graph (each service worker) folds a value of its own into the epoch, hence into every
+        per-epoch seed."""
         once, each = parts.once, parts.epoch
         if self.source.seekable:
             # A source that positions itself (a mixture: each of its sources at its own epoch and
@@ -225,6 +242,32 @@ class Pipeline:
             dataset = apply_stages(self.source.build_from(context, start), (*once, *each), epoch)
             return apply_stages(dataset, parts.stream, StageContext(context, examples=start, skip=skip_outputs,
                                                                     chunk=chunk))
+        one_epoch, differ = self._epochs(parts, context, salted)
+        start_epoch, head = FIRST_EPOCH, None
+        if remainder is not None:
+            start_epoch = remainder.epoch + 1  # after this pipeline's share of the rest, its own layout's epochs
+        elif first_epoch:
+            start_epoch, head = first_epoch, lambda dataset: dataset  # noqa: E731
+        elif start:
+            start_epoch, skip = self._resume_point(context, start)
+            head = lambda dataset: skip_examples(dataset, skip)  # noqa: E731
+        if parts.repeat is not None:
+            dataset = parts.repeat.epochs(one_epoch, differ, first=start_epoch, head=head)
+        else:
+            dataset = one_epoch(tf.constant(start_epoch, tf.int64))
+            dataset = head(dataset) if head else dataset
+        if remainder is not None:
+            share = self._dealt_remainder(parts, context, remainder)
+            dataset = share if parts.repeat is None else share.concatenate(dataset)
+        resumed = StageContext(context, examples=0 if first_epoch is not None else start, skip=skip_outputs, chunk=chunk)
+        return apply_stages(dataset, parts.stream, resumed)
+
+    def _epochs(self, parts: Parts, context: tf.distribute.InputContext,
+                salted: bool = False) -> tuple[Callable[[tf.Tensor], tf.data.Dataset], bool]:
+        """(`one_epoch(e)`: input pipeline `context`'s epoch e through the stages before the repeat, whether
+        the epochs differ). Epochs that differ (file order, shuffle seeds) are built one by one; otherwise
+        the same epoch is repeated, which tf.data runs faster (benchmarks/bench_epochs.py)."""
+        once, each = parts.once, parts.epoch
         source_per_epoch = self.source.per_epoch and not once
         if source_per_epoch:
             one_epoch = lambda epoch: apply_stages(  # noqa: E731
@@ -238,22 +281,30 @@ class Pipeline:
             unsalted = one_epoch
             one_epoch = lambda epoch: tf.data.Dataset.from_tensors(epoch).flat_map(  # noqa: E731
                 lambda e: unsalted(e + seeds.runtime_salt()))
-        start_epoch, head = FIRST_EPOCH, None
-        if first_epoch:
-            start_epoch, head = first_epoch, lambda dataset: dataset  # noqa: E731
-        elif start:
-            start_epoch, skip = self._resume_point(context, start)
-            head = lambda dataset: skip_examples(dataset, skip)  # noqa: E731
-        if parts.repeat is not None:
-            # Epochs that differ (file order, shuffle seeds) are built one by one; otherwise the
-            # same epoch is repeated, which tf.data runs faster (benchmarks/bench_epochs.py).
-            differ = salted or source_per_epoch or any(getattr(stage, "uses_epoch", False) for stage in each)
-            dataset = parts.repeat.epochs(one_epoch, differ, first=start_epoch, head=head)
-        else:
-            dataset = one_epoch(tf.constant(start_epoch, tf.int64))
-            dataset = head(dataset) if head else dataset
-        resumed = StageContext(context, examples=0 if first_epoch is not None else start, skip=skip_outputs, chunk=chunk)
-        return apply_stages(dataset, parts.stream, resumed)
+        differ = salted or source_per_epoch or any(getattr(stage, "uses_epoch", False) for stage in each)
+        return one_epoch, differ
+
+    def _dealt_remainder(self, parts: Parts, context: tf.distribute.InputContext, remainder: Remainder) -> tf.data.Dataset:
+        """This input pipeline's share of what the old layout's pipelines had left (`remainder.Remainder`):
+        each old pipeline's stream rebuilt as the old layout built it (its epochs, seeds and shard) from
+        where it stopped to the end of epoch E, the streams taken in turn, a record each, and every M-th
+        record of that from `taken + j` on. Blocks of records are cut to records and made blocks again,
+        as `skip_examples` does; nothing is parsed that this pipeline does not keep."""
+        streams, blocks = [], False
+        for index in range(remainder.hosts):
+            old = tf.distribute.InputContext(remainder.hosts, index, context.num_replicas_in_sync)
+            one_epoch, differ = self._epochs(parts, old)
+            epoch, offset = divmod(remainder.examples[index], remainder.length)
+            head = lambda dataset, offset=offset: skip_examples(dataset, offset)  # noqa: E731
+            stream = (parts.repeat.epochs(one_epoch, differ, first=epoch, head=head) if parts.repeat is not None
+                      else head(one_epoch(tf.constant(epoch, tf.int64))))
+            spec = stream.element_spec
+            blocks = isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string and spec.shape.rank == 1
+            streams.append((stream.unbatch() if blocks else stream).take(remainder.left(index)))
+        turns = tf.data.Dataset.range(remainder.hosts).repeat(max(remainder.left(i) for i in range(remainder.hosts)))
+        everything = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
+        share = everything.skip(remainder.taken + context.input_pipeline_id).shard(context.num_input_pipelines, 0)
+        return share.batch(1024) if blocks else share
 
     def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:
         """(epoch, examples of it to skip) for a stream that delivered `start` examples."""
