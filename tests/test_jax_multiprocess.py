@@ -1,6 +1,7 @@
 """Two real JAX processes on loopback (`jax.distributed`, one host each, 4 CPU devices each) training
 one model with one shared run_dir, as the hosts of a TPU slice do: one is killed mid-run and the other
-stops with one line, both start again, one gets SIGTERM (both stop at one agreed step), both start again and finish. Every device's
+stops with one line, both start again, one gets SIGTERM (both stop at one agreed step), one process alone resumes
+(the rest of the epoch dealt to it) and is killed, both start again and finish. Every device's
 slice of every global batch is checked against what the TF path's strategy hands the same replica:
 host h's own input pipeline (`InputContext(2, h, 8)`) feeds its 4 devices, element by element.
 
@@ -19,7 +20,8 @@ import pytest
 
 from jax_child import requires_jax
 from test_jax_train import _env
-from test_multiworker import agreed_sigterm_step, finish, free_ports, wait_for_step
+from test_multiworker import (agreed_sigterm_step, dealt_line, drop_steps_after, finish, free_ports,
+                              kill_after_its_first_checkpoint, wait_for_step)
 from test_preemption import CHILD, REPO, assert_exact_epochs, max_step, read_log, train_config
 
 pytestmark = [pytest.mark.tf_builds, pytest.mark.slow, requires_jax]
@@ -97,21 +99,42 @@ def test_two_jax_processes_killed_and_terminated_resume_exactly_each_host_feedin
     assert "Keras 3 on JAX" in printed[0] and "8 replicas on 2 hosts" in printed[0], printed[0][-3000:]
     sigterm_step = agreed_sigterm_step(printed, run_dir)
 
-    # 3. Both start again and finish.
+    # 2b. One process alone (a slice that came back smaller: 1 host of 4 devices): the rest of the epoch the
+    # two were in is dealt to it; SIGKILLed after its first checkpoint (one each step), inside that rest.
+    alone_config = str(tmp_path / "alone.json")
+    json.dump({**config, "train": {**config["train"], "checkpoint_every_steps": 1}}, open(alone_config, "w"))
+    env = _env(IDS_LOG="ids-alone.log")
+    env.pop("XLA_FLAGS")
+    alone = subprocess.Popen([sys.executable, CHILD, "train_jax", alone_config, out_dir], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    resumed_at = kill_after_its_first_checkpoint(alone, run_dir, sigterm_step)
+    printed_alone = alone.communicate(timeout=60)[0]
+    assert dealt_line(1, 2, sigterm_step, "this host", replicas=DEVICES // HOSTS) in printed_alone, printed_alone[-3000:]
+    drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)  # trained again below, by two hosts
+
+    # 3. Both start again, from the one host's checkpoint, and finish.
     processes = start_processes(config_path, out_dir)
     printed = finish(processes)
     assert [p.returncode for p in processes] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
-    assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{sigterm_step}')}: step {sigterm_step}" in printed[0]
+    assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{resumed_at}')}: step {resumed_at}" in printed[0]
+    assert dealt_line(2, 1, resumed_at, "the 2 hosts in turns", replicas=DEVICES) in printed[0], printed[0][-3000:]
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
-    assert metrics["resumed_from_step"] == sigterm_step and metrics["steps"] == steps
+    assert metrics["resumed_from_step"] == resumed_at and metrics["steps"] == steps
     assert metrics["history"]["epoch"] == list(range(1, EPOCHS + 1)), metrics["history"]
     assert metrics["cluster"] == {"kind": "cpu", "replicas": DEVICES, "hosts": HOSTS}
     assert sorted(os.listdir(run_dir)) == ["checkpoints", "metrics.json"]  # no process's temporary files left
 
     log = read_log(out_dir)
     assert sorted({step for step, _ in log}) == list(range(steps))
-    assert log == tf_path_batches(config, steps)
-    assert_exact_epochs([[i for step in range(steps) for device in range(DEVICES) for i in log[(step, device)]]],
+    # Every step of 2 hosts is what the TF path's strategy hands each replica, but those of the one host and the
+    # rest of that epoch dealt back to two; every epoch, whichever hosts read it, is each id once.
+    dealt = range(sigterm_step, (resumed_at // STEPS_PER_EPOCH + 1) * STEPS_PER_EPOCH)
+    tf_path = tf_path_batches(config, steps)
+    assert {key: ids for key, ids in log.items() if key[0] not in dealt} == {
+        key: ids for key, ids in tf_path.items() if key[0] not in dealt}
+    alone_steps = [[i for device in range(DEVICES // HOSTS) for i in log[(step, device)]] for step in range(sigterm_step, resumed_at)]
+    assert all(len(ids) == 64 for ids in alone_steps), alone_steps  # one host's 4 devices, 16 examples each
+    assert_exact_epochs([[i for step in range(steps) for device in range(DEVICES) for i in log.get((step, device), [])]],
                         NUM, NUM)
 
 

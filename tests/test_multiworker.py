@@ -1,5 +1,6 @@
 """Two real TF_CONFIG workers on loopback sharing one run_dir, as hosts share a gs:// path: one is
-killed, both start again, one gets SIGTERM, both start again; the run ends with one metrics.json,
+killed, both start again, one gets SIGTERM, one host alone resumes (the rest of the epoch dealt to it) and
+is killed, both start again; the run ends with one metrics.json,
 the ids of every epoch across both workers are the dataset exactly, and logged metrics are true
 values, not sums over the workers.
 
@@ -68,6 +69,43 @@ def outputs(workers: list[subprocess.Popen]) -> str:
     return "\n----\n".join(w.communicate()[0][-3000:] for w in workers)
 
 
+def kill_after_its_first_checkpoint(process: subprocess.Popen, run_dir: str, resumed_from: int) -> int:
+    """SIGKILLs `process`, a run resumed from step `resumed_from`, once it wrote a checkpoint; returns the newest
+    checkpoint's step (what the next run resumes from)."""
+    deadline = time.monotonic() + 240
+    while checkpoint_steps(run_dir)[-1] == resumed_from:
+        assert process.poll() is None and time.monotonic() < deadline, outputs([process])
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    return checkpoint_steps(run_dir)[-1]
+
+
+def drop_steps_after(log: str, step: int) -> None:
+    """Keeps the ids logged for the steps before `step` only: a killed run's steps after its last checkpoint,
+    trained again by the run that resumes from it (on another number of hosts, on other halves of the batch)."""
+    kept = [line for line in open(log).read().splitlines() if line.split() and int(line.split()[0]) < step]
+    open(log, "w").write("".join(line + "\n" for line in kept))
+
+
+def dealt_line(hosts: int, was: int, step: int, to: str, replicas: int = 2) -> str:
+    """What `train` says resuming at `step` on `hosts` hosts from a checkpoint of `was` hosts (a global batch
+    of 64, epochs of 8 steps)."""
+    per_epoch = NUM // 64
+    head = (f"this run has {hosts} host{'s' * (hosts > 1)} ({replicas} replicas), the checkpoint {was} "
+            f"host{'s' * (was > 1)}: ")
+    if step % per_epoch == 0:
+        return head + f"each input pipeline starts its own shard of data epoch {step // per_epoch + 1}"
+    left = NUM - (step % per_epoch) * 64
+    return head + f"the rest of data epoch {step // per_epoch + 1}, {left:,} examples, is dealt to {to}, then each reads its own shard"
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """The steps of the checkpoints in `run_dir`, in order."""
+    return sorted(int(name[len("ckpt-"):-len(".index")]) for name in os.listdir(os.path.join(run_dir, "checkpoints"))
+                  if name.startswith("ckpt-") and name.endswith(".index"))
+
+
 def agreed_sigterm_step(printed: list[str], run_dir: str) -> int:
     """The one step at which every process said it stopped on SIGTERM, its checkpoint written."""
     stops = [[line for line in p.splitlines() if "stopped by SIGTERM at step" in line] for p in printed]
@@ -116,28 +154,29 @@ def test_two_workers_with_a_shared_run_dir_resume_exactly_after_a_kill_and_a_sig
     assert resumed and 0 < int(resumed[0].split("step ")[1].split()[0]) <= killed_at, printed[0][-3000:]
     sigterm_step = agreed_sigterm_step(printed, run_dir)
 
-    # 2b. The same command on one host: each worker's step stood for a place in its own shard of 2, so on
-    # one pipeline the rest of the epoch would repeat some examples and skip others. Refused in one line
-    # naming both counts, before anything is trained or written.
-    logged, files = max_step(out_dir), sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
-    metrics_at = os.path.getmtime(os.path.join(run_dir, "metrics.json"))  # the SIGTERM's (no evaluation)
-    alone = subprocess.run([sys.executable, CHILD, "train", config_path, out_dir], cwd=REPO, env=ENV,
-                           capture_output=True, text=True, timeout=240)
-    assert alone.returncode == 2, alone.stdout[-3000:] + alone.stderr[-3000:]
-    assert (f"ckpt-{sigterm_step} was written by 2 hosts (input pipelines) and this run has 1 host; its input resumes "
-            "exactly only on as many") in alone.stderr + alone.stdout, alone.stdout[-3000:] + alone.stderr[-3000:]
-    assert max_step(out_dir) == logged and sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == files
-    assert os.path.getmtime(os.path.join(run_dir, "metrics.json")) == metrics_at
+    # 2b. The same command on one host of 2 replicas (a slice that came back smaller): the rest of the epoch
+    # the two workers were in is dealt to it, then it reads its own shard; it is SIGKILLed after a checkpoint.
+    alone_config = str(tmp_path / "alone.json")
+    json.dump({**config, "cluster": {"cpu_replicas": 2}, "train": {**config["train"], "checkpoint_every_steps": 1}},
+              open(alone_config, "w"))  # a checkpoint each step: it is killed inside the dealt remainder
+    alone = subprocess.Popen([sys.executable, CHILD, "train", alone_config, out_dir], cwd=REPO,
+                             env={**ENV, "IDS_LOG": "ids-alone.log"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    resumed_at = kill_after_its_first_checkpoint(alone, run_dir, sigterm_step)
+    printed_alone = alone.communicate(timeout=60)[0]
+    assert dealt_line(1, 2, sigterm_step, "this host") in printed_alone, printed_alone[-3000:]
+    drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)  # trained again below, by two hosts
 
-    # 3. Both start again and finish.
+    # 3. Both start again, from the one host's checkpoint, and finish.
     workers = start_workers(config_path, out_dir)
     printed = finish(workers)
     assert [w.returncode for w in workers] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
-    assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{sigterm_step}')}: step {sigterm_step}" in printed[0]
+    assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{resumed_at}')}: step {resumed_at}" in printed[0], printed[0][-3000:]
+    assert dealt_line(2, 1, resumed_at, "the 2 hosts in turns") in printed[0], printed[0][-3000:]
     assert "worker 1: resumed from" in printed[1]  # the same checkpoint, restored from the chief's directory
 
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
-    assert metrics["resumed_from_step"] == sigterm_step and metrics["steps"] == steps
+    assert metrics["resumed_from_step"] == resumed_at and metrics["steps"] == steps
     assert metrics["history"]["epoch"] == list(range(1, EPOCHS + 1)), metrics["history"]
     # 512 classes, an untrained model: the true loss is near ln(512) = 6.24; a sum over 2 workers is 12.5.
     assert all(loss < 1.2 * math.log(NUM) for loss in metrics["history"]["loss"]), metrics["history"]
@@ -148,6 +187,7 @@ def test_two_workers_with_a_shared_run_dir_resume_exactly_after_a_kill_and_a_sig
     log = read_log(out_dir)
     assert sorted({step for step, _ in log}) == list(range(steps))
     assert {replica for _, replica in log} == {0, 1}
+    # Every step's global batch, in replica order, whichever hosts trained it: each epoch is every id once.
     stream = [i for step in range(steps) for replica in range(2) for i in log[(step, replica)]]
     assert_exact_epochs([stream], NUM, NUM)
-    assert len(glob.glob(os.path.join(out_dir, "ids-*.log"))) == 2
+    assert len(glob.glob(os.path.join(out_dir, "ids-*.log"))) == 3

@@ -126,23 +126,29 @@ def test_allow_changes_takes_compared_keys_or_their_sections_only():
         demo("train.allow_changes=[data.seed]")
 
 
-def test_a_resume_on_another_number_of_hosts_is_refused_except_through_the_service():
-    """Each host's step stands for a place in its own shard: on another number of input pipelines the rest
-    of the epoch would repeat and skip examples silently (issue 51). tests/test_multiworker.py does it for real."""
-    from tpu_pipeline.train.started_with import check_hosts, record
+def test_a_packed_or_mixed_stream_on_another_number_of_hosts_is_refused_except_through_the_service(monkeypatch):
+    """A window's or a source's place is in a host's own stream: on another number of input pipelines the rest
+    of the epoch cannot be dealt (an example stream is: tests/test_remainder.py, tests/test_multiworker.py)."""
+    from tpu_pipeline.train import started_with
 
-    config = demo("train.run_dir=/runs/r")
-    saved = record(config, input_pipelines=2)
-    check_hosts(config, "/runs/r/checkpoints/ckpt-5", saved, 2)
+    packed = load_config(os.path.join(REPO, "configs", "text_lm.yaml"), ["train.run_dir=/runs/r"])
+    saved = started_with.record(packed, input_pipelines=2)
+    monkeypatch.setattr(started_with, "saved_record", lambda path: saved)
+    started_with.check_hosts(packed, "/runs/r/checkpoints/ckpt-5", 2)
     with pytest.raises(ConfigError, match=r"^train\.run_dir=/runs/r: /runs/r/checkpoints/ckpt-5 was written by 2 hosts "
-                                          r"\(input pipelines\) and this run has 1 host; .* resume it on 2 hosts, or "
-                                          r"start a new train\.run_dir$"):
-        check_hosts(config, "/runs/r/checkpoints/ckpt-5", saved, 1)
-    with pytest.raises(ConfigError, match=r"written by 1 host \(input pipelines\) and this run has 4 hosts"):
-        check_hosts(config, "/runs/r/checkpoints/ckpt-5", record(config, input_pipelines=1), 4)
-    # Through data.service a resume starts a fresh job at an epoch whatever the hosts; older records hold no count.
-    check_hosts(demo("train.run_dir=/runs/r", "data.service.address=localhost:5050"), "c", saved, 1)
-    check_hosts(config, "c", {k: v for k, v in saved.items() if k != "input_pipelines"}, 1)
+                                          r"\(input pipelines\) and this run has 1 host; a data\.sequence pack stream "
+                                          r"resumes exactly only on as many, .* resume it on 2 hosts, or start a new "
+                                          r"train\.run_dir$"):
+        started_with.check_hosts(packed, "/runs/r/checkpoints/ckpt-5", 1)
+    with pytest.raises(ConfigError, match=r"written by 2 hosts \(input pipelines\) and this run has 4 hosts; a data\.mixture"):
+        started_with.check_hosts(mixture(), "c", 4)
+    # Through data.service a resume starts a fresh job at an epoch whatever the hosts; older records hold no count;
+    # no checkpoint, nothing to compare.
+    started_with.check_hosts(load_config(os.path.join(REPO, "configs", "text_lm.yaml"), [
+        "train.run_dir=/runs/r", "data.service.address=localhost:5050"]), "c", 1)
+    monkeypatch.setattr(started_with, "saved_record", lambda path: {"identity": saved["identity"]})
+    started_with.check_hosts(packed, "c", 1)
+    started_with.check_hosts(packed, None, 1)
 
 
 # --- real runs ---------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.checks.record_check import tf_message
+from tpu_pipeline.pipeline.core.remainder import Remainder
 from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
 from tpu_pipeline.pipeline.mixtures.mixture_check import check_training_mixture
@@ -40,6 +41,7 @@ from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_
 from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import Cadence, TimedCheckpointer, cadence
+from tpu_pipeline.train.example_layout import LAYOUT_KEY, ExampleLayout
 from tpu_pipeline.train.callbacks import EvaluationProgress, PreemptionStop, ProgressLogger, StepTracker, TrainState
 from tpu_pipeline.train.framework import (framework_and_cluster, is_peer_failure, peer_errors, peer_failure,
                                           tensorboard_callback)
@@ -129,8 +131,7 @@ def train(config: Config, *, cluster: Optional[ClusterInfo] = None, printer: Pri
     run_dir = config.train.run_dir
     tf.io.gfile.makedirs(run_dir)
     # Before any work: a run directory resumes only the data, model and task it was started with.
-    for line in started_with.check_resume(config, tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints")),
-                                           cluster.num_hosts):
+    for line in started_with.check_resume(config, tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
         printer(line)
     run_key = f"run{next(_RUN_KEYS)}"
     store = store_for(cluster.framework) if cluster.num_workers > 1 else None
@@ -164,6 +165,11 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
     position = (WindowedPosition(train_pipeline, cluster, store, run_key)
                 if windowed is not None and train_pipeline.service is None else None)
     mixture_state = MixtureState.of(train_pipeline, cluster.num_hosts)  # a mixture's weights, and since when
+    # An example stream's places, dealt to another number of hosts on a resume (train/example_layout.py).
+    layout = ExampleLayout(train_pipeline, cluster) if train_pipeline.deals_remainders else None
+    if layout is None:  # a window's or a mixture's places hold only on as many hosts
+        started_with.check_hosts(config, tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints")),
+                                 cluster.num_hosts)
     resumed_from = 0
 
     def train_dataset(step: int) -> Any:
@@ -175,10 +181,17 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             return cluster.strategy.distribute_datasets_from_function(
                 lambda context: metered(windowed_service_stream(train_pipeline, context, step - resumed_from), meter,
                                         context))
+        if layout is not None:
+            return cluster.strategy.distribute_datasets_from_function(
+                lambda context: metered(built_at(context, *layout.place(context, step)), meter, context))
         return cluster.strategy.distribute_datasets_from_function(
             lambda context: metered(for_input(context).build(context, start=step * train_pipeline.examples_per_step(context)),
                                     meter, context)
         )
+
+    def built_at(context: tf.distribute.InputContext, start: int, remainder: Optional[Remainder]) -> tf.data.Dataset:
+        """An example stream's input pipeline from its place in the run's layout (`example_layout`)."""
+        return train_pipeline.build(context, start=start, remainder=remainder)
 
     def for_input(context: tf.distribute.InputContext) -> Pipeline:
         """The pipeline of one input pipeline: a mixture's continues its own saved weights."""
@@ -205,6 +218,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
     checkpoint = tf.train.Checkpoint(**held.parts, epoch=state.epoch, history=state.history_json,
                                      **{started_with.STARTED_WITH_KEY: started_with_now},
                                      **({POSITION_KEY: position} if position is not None else {}),
+                                     **({LAYOUT_KEY: layout} if layout is not None else {}),
                                      **({MIXTURE_KEY: mixture_state} if mixture_state is not None else {}))
     files = RunFiles(run_dir, cluster, checkpoint, config.train.max_checkpoints)
 
@@ -250,6 +264,9 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
         epoch_now, into = divmod(resumed_from, steps)
         if position is not None:
             where = position.describe()
+        elif layout is not None:
+            layout.restore(resumed_from, run_dir)
+            where = layout.describe(resumed_from)
         elif train_pipeline.service is None:
             where = (f"the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
                      "of the training stream")
@@ -284,6 +301,8 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             held.before_save()
             if position is not None:
                 position.record(step)
+            if layout is not None:
+                layout.record(step)
 
         checkpointer = TimedCheckpointer(files, state, steps, plan=saves, preemption=preemption, printer=printer,
                                          before_save=before_save, steps=tracker)

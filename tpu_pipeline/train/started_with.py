@@ -44,16 +44,14 @@ def saved_record(path: str) -> Optional[dict[str, Any]]:
     return json.loads(value.decode() if isinstance(value, bytes) else str(value))
 
 
-def check_resume(config: Config, latest: Optional[str], input_pipelines: int) -> list[str]:
+def check_resume(config: Config, latest: Optional[str]) -> list[str]:
     """Refuses (ConfigError) a resume of `latest` whose compared keys differ from this config's and are not
-    in train.allow_changes, or that runs on another number of input pipelines than wrote it (`check_hosts`);
-    returns the lines to print about what differs and is accepted."""
+    in train.allow_changes; returns the lines to print about what differs and is accepted."""
     if latest is None:
         return []
     saved = saved_record(latest)
     if saved is None:
         return []
-    check_hosts(config, latest, saved, input_pipelines)
     changed = differences(saved["identity"], run_identity(config))
     run_dir = config.train.run_dir
     framework = [change for change in changed if change[0] == "model.framework"]
@@ -83,20 +81,23 @@ def check_resume(config: Config, latest: Optional[str], input_pipelines: int) ->
     return lines
 
 
-def check_hosts(config: Config, latest: str, saved: dict[str, Any], input_pipelines: int) -> None:
-    """Refuses a resume on another number of input pipelines (hosts) than wrote `latest`.
+def check_hosts(config: Config, latest: Optional[str], input_pipelines: int) -> None:
+    """Refuses a resume of a packed or bucketed stream, or of a mixture, on another number of input pipelines
+    (hosts) than wrote `latest`.
 
-    A step stands for the same place in each host's own stream (its shard of every epoch, a pure function
-    of data.seed, the epoch and the pipeline's index among as many): on another number of pipelines the
-    shards differ, so the rest of the interrupted epoch would repeat some examples and skip others without
-    a word. Through data.service a resume starts a fresh job at an epoch's start whatever the hosts, so it
-    goes on. Checkpoints written before the count was kept are not compared."""
-    was = saved.get("input_pipelines")
-    if was is None or was == input_pipelines or config.data is None or config.data.service.enabled:
+    Each host's place there is in windows (or sources) of its own stream, which another number of hosts
+    would cut differently; a stream of examples is dealt to the new hosts instead (`example_layout`).
+    Through data.service a resume starts a fresh job at an epoch's start whatever the hosts, so it goes on.
+    Checkpoints written before the count was kept are not compared."""
+    saved = saved_record(latest) if latest else None
+    was = None if saved is None else saved.get("input_pipelines")
+    data = config.data
+    if was is None or was == input_pipelines or data is None or data.service.enabled:
         return
-    hosts = lambda count: f"{count} host{'s' if count != 1 else ''}"  # noqa: E731
+    kind = "a data.mixture" if data.mixture is not None else f"a data.sequence {data.sequence.mode}"
+    count = lambda number: f"{number} host{'s' if number != 1 else ''}"  # noqa: E731
     raise ConfigError(
-        f"train.run_dir={config.train.run_dir}: {latest} was written by {hosts(was)} (input pipelines) and this run "
-        f"has {hosts(input_pipelines)}; its input resumes exactly only on as many, since each host's place is in its "
-        f"own shard of the data (docs/resume.md): resume it on {hosts(was)}, or start a new train.run_dir"
+        f"train.run_dir={config.train.run_dir}: {latest} was written by {count(was)} (input pipelines) and this run "
+        f"has {count(input_pipelines)}; {kind} stream resumes exactly only on as many, since each host's place is in "
+        f"windows or sources of its own (docs/resume.md): resume it on {count(was)}, or start a new train.run_dir"
     )

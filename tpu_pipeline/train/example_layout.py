@@ -1,0 +1,92 @@
+"""Where each input pipeline of an example stream stands, in `train`'s checkpoints: what lets a run resume on
+another number of hosts (a preempted v5e-32 back as a v5e-16) and go on exactly.
+
+A stream of examples (images, pad mode: no window) delivers a fixed count each step, so while the hosts stay
+a pipeline's place is computed from the step. The checkpoint keeps the `core.remainder.Layout` of the saved
+step: each pipeline's stream position, and the remainder of an older layout still being dealt (a few
+integers per pipeline, as JSON). Resumed on as many hosts, each pipeline goes on from its own place; on
+another number, what the old pipelines had left of their epoch is dealt to the new ones in turns
+(`Layout.dealt_to`), then each reads its own shard of the next epochs. Every host computes the same layout
+from the checkpoint and the step, so nothing is exchanged between workers before a save.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.cluster import ClusterInfo
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.builder import Pipeline
+from tpu_pipeline.pipeline.core.remainder import Layout, Remainder
+
+LAYOUT_KEY = "input_layout"  # an example stream's layout in the checkpoint (ExampleLayout)
+
+
+def hosts(count: int) -> str:
+    return f"{count} host{'s' if count != 1 else ''}"
+
+
+class ExampleLayout(tf.Module):
+    """The layout of an example stream's input pipelines as of the last saved step (`saved`, JSON), and the
+    one this run reads from (`layout`): the saved one, dealt to this run's number of hosts."""
+
+    def __init__(self, pipeline: Pipeline, cluster: ClusterInfo) -> None:
+        super().__init__(name="input_layout")
+        self._pipeline = pipeline
+        self._cluster = cluster
+        self.layout = Layout((0,) * cluster.num_hosts)
+        with tf.init_scope():
+            self.saved = tf.Variable(json.dumps(self.layout.to_json()), dtype=tf.string, trainable=False, name="layout")
+
+    def _per_step(self, count: int) -> int:
+        """Examples each of `count` input pipelines delivers a step: its share of the global batch."""
+        return self._pipeline.global_batch_size() // count
+
+    def _length(self, count: int, run_dir: str) -> int:
+        """The epoch length of each of `count` input pipelines (balanced shards: the same for all)."""
+        length = self._pipeline.source.epoch_length(tf.distribute.InputContext(count, 0, count))
+        if not length:
+            raise ConfigError(
+                f"train.run_dir={run_dir}: resuming on another number of hosts needs shards of a fixed length, and "
+                f"{type(self._pipeline.source).__name__} has none with this sharding; use data.source.sharding=auto "
+                "(balanced) on TFRecord files or arrays, or resume on as many hosts as before")
+        return length
+
+    def restore(self, step: int, run_dir: str) -> None:
+        """After the checkpoint's restore: this run's layout, from the one saved at `step`. A checkpoint written
+        before layouts were saved holds the initial one; its pipelines stood at `step` examples a step each."""
+        saved = Layout.from_json(json.loads(self.saved.numpy().decode()))
+        if saved.step != step:
+            saved = Layout((step * self._per_step(saved.hosts),) * saved.hosts, step)
+        count = self._cluster.num_hosts
+        saved = saved.at(step, self._per_step(saved.hosts))
+        self._was = saved
+        self.layout = (saved if saved.hosts == count else
+                       saved.dealt_to(count, self._length(saved.hosts, run_dir), self._length(count, run_dir)))
+
+    def place(self, context: tf.distribute.InputContext, step: int) -> tuple[int, Optional[Remainder]]:
+        """(start, remainder) of input pipeline `context` at global step `step`: `Pipeline.build`'s arguments."""
+        return self.layout.place(context.input_pipeline_id, step, self._per_step(self.layout.hosts))
+
+    def record(self, step: int) -> None:
+        """The layout as of global step `step`, for the checkpoint saved there."""
+        self.saved.assign(json.dumps(self.layout.at(step, self._per_step(self.layout.hosts)).to_json()))
+
+    def describe(self, step: int) -> str:
+        """Where the input resumes, after `restore`: the old layout's rest dealt, or each pipeline's own place."""
+        was, now, remainder = self._was, self.layout, self.layout.remainder
+        if remainder is None and was.hosts == now.hosts:
+            return f"the input pipelines continue from example {step * self._pipeline.global_batch_size():,} of the training stream"
+        replicas = self._cluster.num_replicas
+        head = (f"this run has {hosts(now.hosts)} ({replicas} replica{'s' if replicas != 1 else ''}), the checkpoint "
+                f"{hosts(was.hosts)}: " if was.hosts != now.hosts else "")
+        if remainder is None:  # the old hosts stood at an epoch's end
+            return head + f"each input pipeline starts its own shard of data epoch {now.examples[0] // self._length(now.hosts, '') + 1}"
+        epoch, rest = remainder.epoch + 1, remainder.rest
+        to = "this host" if now.hosts == 1 else f"the {now.hosts} hosts in turns"
+        if was.hosts == now.hosts:
+            return (f"the input pipelines go on with the rest of data epoch {epoch} of {hosts(remainder.hosts)}, "
+                    f"{rest:,} examples dealt to {to}, then each reads its own shard")
+        return head + f"the rest of data epoch {epoch}, {rest:,} examples, is dealt to {to}, then each reads its own shard"
