@@ -8,6 +8,7 @@ pipelines, built from TFRecord files, read through 2 -> 1 -> 3 -> 2 input pipeli
 from __future__ import annotations
 
 import collections
+import os
 import random
 
 import pytest
@@ -77,26 +78,29 @@ def test_the_remainder_is_dealt_in_turns_and_shares_differ_by_one_at_most():
 NUM, GLOBAL_BATCH = 96, 12  # 1, 2 and 3 pipelines: 12, 6 and 4 examples a step each
 
 
-@pytest.fixture(scope="module", params=["per_example", "batched"])
+@pytest.fixture(scope="module", params=["per_example", "batched", "cached"])
 def pipeline(request, tmp_path_factory):
     """Shuffled TFRecords read in each plan: per example (JPEGs decoded and flipped at random: element seeds),
-    or batch-then-parse (the interleave moves blocks of records, a window shuffle)."""
+    batch-then-parse (the interleave moves blocks of records, a window shuffle), or per example with the
+    decoded examples cached to files (each epoch reshuffles epoch 0's: the old hosts' are rebuilt uncached)."""
     from tpu_pipeline import Pipeline
     from tpu_pipeline.config import config_from_dict
     from tpu_pipeline.testing import write_tfrecords
 
     directory = tmp_path_factory.mktemp("records")
-    if request.param == "per_example":
+    augment = []
+    if request.param != "batched":
         features = {"image": {"dtype": "string"}, "label": {"dtype": "int64"}}
-        ops = [{"op": "decode_image", "format": "jpeg"}, {"op": "random_flip"}]
+        ops, augment = [{"op": "decode_image", "format": "jpeg"}], [{"op": "random_flip"}]
     else:
         features = {"features": {"dtype": "float32", "shape": [4]}}
         ops = [{"op": "cast", "key": "id", "dtype": "int32"}]
     files = write_tfrecords(directory, features, num=NUM, num_shards=4, image_size=8)
     data = config_from_dict({"data": {
         "source": {"type": "tfrecord", "files": files}, "features": {**features, "id": {"dtype": "int64"}},
-        "preprocess": ops, "batch_size": GLOBAL_BATCH, "repeat": "forever", "seed": 5,
-        "parse": request.param}}).data
+        "preprocess": ops, "augment": augment, "batch_size": GLOBAL_BATCH, "repeat": "forever", "seed": 5,
+        "parse": "batched" if request.param == "batched" else "per_example",
+        **({"cache": {"enabled": True, "path": str(directory / "cache")}} if request.param == "cached" else {})}}).data
     built = Pipeline.from_config(data)
     assert built.deals_remainders and (built.plan.batched == (request.param == "batched")), built.plan
     return built
@@ -142,18 +146,23 @@ def test_after_the_remainder_each_pipeline_reads_what_a_run_started_on_its_numbe
     old = Layout((0, 0)).at(3, GLOBAL_BATCH // 2)
     layout = old.dealt_to(3, NUM // 2, NUM // 3)
     assert layout.remainder == Remainder((18, 18), NUM // 2) and layout.examples == (12, 12, 12)
+    cache_dir = pipeline.parts.once[-1].path if pipeline.parts.once else None
+    for name in os.listdir(cache_dir) if cache_dir else ():  # what the 2 hosts' own runs cached (other tests)
+        if "-of-2." in name:
+            os.remove(os.path.join(cache_dir, name))
+    dealt = [examples(pipeline.build(context(index, 3), start=start, remainder=remainder), 20)
+             for index, (start, remainder) in ((i, layout.place(i, 3, GLOBAL_BATCH // 3)) for i in range(3))]
+    if cache_dir:  # the 2 old hosts' rests were read with no cache of theirs written (this slice has no such host)
+        assert not [name for name in os.listdir(cache_dir) if "-of-2." in name], os.listdir(cache_dir)
+    # Each share: old pipeline 0's and 1's rest of epoch 0, in turns, every third from the new pipeline's index on.
+    rest = [examples(pipeline.build(context(old_index, 2), start=18), 5) for old_index in range(2)]
+    turns = [int(e["id"]) for pair in zip(*rest) for e in pair]
     for index in range(3):
-        start, remainder = layout.place(index, 3, GLOBAL_BATCH // 3)
-        dealt = examples(pipeline.build(context(index, 3), start=start, remainder=remainder), 20)
+        share = layout.remainder.share(3, index)
         fresh = examples(pipeline.build(context(index, 3), start=NUM // 3), 12)
-        share = remainder.share(3, index)
-        assert share == 20
-        assert len(dealt) - share == 60 and len(fresh) == 48
-        assert [int(e["id"]) for e in dealt[share:share + 48]] == [int(e["id"]) for e in fresh]
-        for ours, theirs in zip(dealt[share:], fresh):
+        assert share == 20 and len(dealt[index]) - share == 60 and len(fresh) == 48
+        assert [int(e["id"]) for e in dealt[index][:share]] == turns[index::3]
+        assert [int(e["id"]) for e in dealt[index][share:share + 48]] == [int(e["id"]) for e in fresh]
+        for ours, theirs in zip(dealt[index][share:], fresh):
             for key in ours:
                 assert (ours[key] == theirs[key]).all(), (index, key)
-        # The share itself: old pipeline 0's and 1's rest of epoch 0, in turns, every third from `index` on.
-        rest = [examples(pipeline.build(context(old_index, 2), start=18), 5) for old_index in range(2)]
-        turns = [int(e["id"]) for pair in zip(*rest) for e in pair]
-        assert [int(e["id"]) for e in dealt[:share]] == turns[index::3]

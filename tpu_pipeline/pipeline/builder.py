@@ -41,7 +41,7 @@ from tpu_pipeline.pipeline.stages.base import Stage, StageContext
 from tpu_pipeline.pipeline.stages.batching import per_replica_batch_size
 from tpu_pipeline.pipeline.stages.evaluation import evaluation_steps, for_evaluation
 from tpu_pipeline.pipeline.stages.outputs import SplitPosition
-from tpu_pipeline.pipeline.stages.roles import Parts, split_by_roles
+from tpu_pipeline.pipeline.stages.roles import CACHE, Parts, roles_of, split_by_roles
 from tpu_pipeline.pipeline.stages.service_split import ServiceSplit
 
 FIRST_EPOCH = 0
@@ -262,13 +262,16 @@ class Pipeline:
         resumed = StageContext(context, examples=0 if first_epoch is not None else start, skip=skip_outputs, chunk=chunk)
         return apply_stages(dataset, parts.stream, resumed)
 
-    def _epochs(self, parts: Parts, context: tf.distribute.InputContext,
-                salted: bool = False) -> tuple[Callable[[tf.Tensor], tf.data.Dataset], bool]:
+    def _epochs(self, parts: Parts, context: tf.distribute.InputContext, salted: bool = False,
+                cached: bool = True) -> tuple[Callable[[tf.Tensor], tf.data.Dataset], bool]:
         """(`one_epoch(e)`: input pipeline `context`'s epoch e through the stages before the repeat, whether
         the epochs differ). Epochs that differ (file order, shuffle seeds) are built one by one; otherwise
-        the same epoch is repeated, which tf.data runs faster (benchmarks/bench_epochs.py)."""
+        the same epoch is repeated, which tf.data runs faster (benchmarks/bench_epochs.py). `cached=False`:
+        the same elements with no cache stage (a pipeline read for part of an epoch, that writes no cache)."""
         once, each = parts.once, parts.epoch
         source_per_epoch = self.source.per_epoch and not once
+        if not cached:
+            once = tuple(stage for stage in once if CACHE not in roles_of(stage))
         if source_per_epoch:
             one_epoch = lambda epoch: apply_stages(  # noqa: E731
                 self.source.build(context, epoch), each, StageContext(context, epoch=epoch))
@@ -293,7 +296,7 @@ class Pipeline:
         streams, blocks = [], False
         for index in range(remainder.hosts):
             old = tf.distribute.InputContext(remainder.hosts, index, context.num_replicas_in_sync)
-            one_epoch, differ = self._epochs(parts, old)
+            one_epoch, differ = self._epochs(parts, old, cached=False)  # no cache files for another slice's hosts
             epoch, offset = divmod(remainder.examples[index], remainder.length)
             head = lambda dataset, offset=offset: skip_examples(dataset, offset)  # noqa: E731
             stream = (parts.repeat.epochs(one_epoch, differ, first=epoch, head=head) if parts.repeat is not None
