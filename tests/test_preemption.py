@@ -138,7 +138,7 @@ def train_config(data_dir: str, run_dir: str) -> dict:
     }
 
 
-def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_exactly(tmp_path):
+def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_exactly_on_four(tmp_path):
     from tpu_pipeline.records.demo_shapes import ensure_demo_dataset
 
     data_dir = ensure_demo_dataset(str(tmp_path / "data"), num_train=512, num_eval=64, size=16, num_shards=8)
@@ -162,8 +162,13 @@ def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_e
     sigterm_step = int(stopped[0].split()[5])
     assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{sigterm_step}.index"))
 
-    final = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    # The rest on 4 replicas (a smaller slice of one host): the global batch stays, so the host's place does.
+    four = str(tmp_path / "four.json")
+    json.dump({**train_config(data_dir, run_dir), "cluster": {"cpu_replicas": 4}}, open(four, "w"))
+    final = subprocess.run([sys.executable, CHILD, "train", four, out_dir], cwd=REPO, env=ENV, capture_output=True,
+                           text=True, timeout=300)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    assert "4 replicas on 1 host" in final.stdout, final.stdout[-3000:]
     assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{sigterm_step}')}: step {sigterm_step}" in final.stdout
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     assert metrics["resumed_from_step"] == sigterm_step and metrics["steps"] == steps
@@ -171,7 +176,8 @@ def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_e
 
     log = read_log(out_dir)
     assert sorted({step for step, _ in log}) == list(range(steps))
-    stream = [i for step in range(steps) for replica in range(8) for i in log[(step, replica)]]
+    assert all(len(log[(step, replica)]) == 16 for step in range(sigterm_step, steps) for replica in range(4))
+    stream = [i for step in range(steps) for replica in range(8) for i in log.get((step, replica), [])]
     assert_exact_epochs([stream], length, 512)
 
     again = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
