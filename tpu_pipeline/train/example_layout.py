@@ -12,20 +12,15 @@ from the checkpoint and the step, so nothing is exchanged between workers before
 from __future__ import annotations
 
 import json
-from typing import Optional
-
 import tensorflow as tf
 
 from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
-from tpu_pipeline.pipeline.core.remainder import Layout, Remainder
+from tpu_pipeline.pipeline.core.remainder import Layout
+from tpu_pipeline.train.started_with import hosts
 
 LAYOUT_KEY = "input_layout"  # an example stream's layout in the checkpoint (ExampleLayout)
-
-
-def hosts(count: int) -> str:
-    return f"{count} host{'s' if count != 1 else ''}"
 
 
 class ExampleLayout(tf.Module):
@@ -66,9 +61,11 @@ class ExampleLayout(tf.Module):
         self.layout = (saved if saved.hosts == count else
                        saved.dealt_to(count, self._length(saved.hosts, run_dir), self._length(count, run_dir)))
 
-    def place(self, context: tf.distribute.InputContext, step: int) -> tuple[int, Optional[Remainder]]:
-        """(start, remainder) of input pipeline `context` at global step `step`: `Pipeline.build`'s arguments."""
-        return self.layout.place(context.input_pipeline_id, step, self._per_step(self.layout.hosts))
+    def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
+        """Input pipeline `context`'s stream from global step `step` on: from its place in the layout (its
+        share of an old layout's remainder first, if it has one)."""
+        start, remainder = self.layout.place(context.input_pipeline_id, step, self._per_step(self.layout.hosts))
+        return self._pipeline.build(context, start=start, remainder=remainder)
 
     def record(self, step: int) -> None:
         """The layout as of global step `step`, for the checkpoint saved there."""

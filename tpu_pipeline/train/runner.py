@@ -33,7 +33,6 @@ from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.checks.record_check import tf_message
-from tpu_pipeline.pipeline.core.remainder import Remainder
 from tpu_pipeline.pipeline.checks.vocabularies import config_vocabulary
 from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named_data_error
 from tpu_pipeline.pipeline.mixtures.mixture_check import check_training_mixture
@@ -41,8 +40,8 @@ from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_
 from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import started_with
 from tpu_pipeline.train.cadence import Cadence, TimedCheckpointer, cadence
-from tpu_pipeline.train.example_layout import LAYOUT_KEY, ExampleLayout
 from tpu_pipeline.train.callbacks import EvaluationProgress, PreemptionStop, ProgressLogger, StepTracker, TrainState
+from tpu_pipeline.train.example_layout import LAYOUT_KEY, ExampleLayout
 from tpu_pipeline.train.framework import (framework_and_cluster, is_peer_failure, peer_errors, peer_failure,
                                           tensorboard_callback)
 from tpu_pipeline.train.mixture_report import evaluate_by_source, mixture_figures
@@ -183,15 +182,11 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
                                         context))
         if layout is not None:
             return cluster.strategy.distribute_datasets_from_function(
-                lambda context: metered(built_at(context, *layout.place(context, step)), meter, context))
+                lambda context: metered(layout.stream(context, step), meter, context))
         return cluster.strategy.distribute_datasets_from_function(
             lambda context: metered(for_input(context).build(context, start=step * train_pipeline.examples_per_step(context)),
                                     meter, context)
         )
-
-    def built_at(context: tf.distribute.InputContext, start: int, remainder: Optional[Remainder]) -> tf.data.Dataset:
-        """An example stream's input pipeline from its place in the run's layout (`example_layout`)."""
-        return train_pipeline.build(context, start=start, remainder=remainder)
 
     def for_input(context: tf.distribute.InputContext) -> Pipeline:
         """The pipeline of one input pipeline: a mixture's continues its own saved weights."""

@@ -95,9 +95,13 @@ def check_hosts(config: Config, latest: Optional[str], input_pipelines: int) -> 
     if was is None or was == input_pipelines or data is None or data.service.enabled:
         return
     kind = "a data.mixture" if data.mixture is not None else f"a data.sequence {data.sequence.mode}"
-    count = lambda number: f"{number} host{'s' if number != 1 else ''}"  # noqa: E731
     raise ConfigError(
-        f"train.run_dir={config.train.run_dir}: {latest} was written by {count(was)} (input pipelines) and this run "
-        f"has {count(input_pipelines)}; {kind} stream resumes exactly only on as many, since each host's place is in "
-        f"windows or sources of its own (docs/resume.md): resume it on {count(was)}, or start a new train.run_dir"
+        f"train.run_dir={config.train.run_dir}: {latest} was written by {hosts(was)} (input pipelines) and this run "
+        f"has {hosts(input_pipelines)}; {kind} stream resumes exactly only on as many, since each host's place is in "
+        f"windows or sources of its own (docs/resume.md): resume it on {hosts(was)}, or start a new train.run_dir"
     )
+
+
+def hosts(count: int) -> str:
+    """'1 host', '2 hosts'."""
+    return f"{count} host{'s' if count != 1 else ''}"
