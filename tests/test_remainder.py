@@ -78,11 +78,13 @@ def test_the_remainder_is_dealt_in_turns_and_shares_differ_by_one_at_most():
 NUM, GLOBAL_BATCH = 96, 12  # 1, 2 and 3 pipelines: 12, 6 and 4 examples a step each
 
 
-@pytest.fixture(scope="module", params=["per_example", "batched", "cached"])
+@pytest.fixture(scope="module", params=["per_example", "per_example_files", "batched", "cached"])
 def pipeline(request, tmp_path_factory):
     """Shuffled TFRecords read in each plan: per example (JPEGs decoded and flipped at random: element seeds),
-    batch-then-parse (the interleave moves blocks of records, a window shuffle), or per example with the
-    decoded examples cached to files (each epoch reshuffles epoch 0's: the old hosts' are rebuilt uncached)."""
+    with the records held in memory after epoch 0 (a small set's default) or read from the files each epoch
+    in that epoch's file order (a large set's); batch-then-parse from the files (the interleave moves blocks
+    of records, a window shuffle); or per example with the decoded examples cached to files (each epoch
+    reshuffles epoch 0's: the old hosts' are rebuilt uncached)."""
     from tpu_pipeline import Pipeline
     from tpu_pipeline.config import config_from_dict
     from tpu_pipeline.testing import write_tfrecords
@@ -100,9 +102,11 @@ def pipeline(request, tmp_path_factory):
         "source": {"type": "tfrecord", "files": files}, "features": {**features, "id": {"dtype": "int64"}},
         "preprocess": ops, "augment": augment, "batch_size": GLOBAL_BATCH, "repeat": "forever", "seed": 5,
         "parse": "batched" if request.param == "batched" else "per_example",
-        **({"cache": {"enabled": True, "path": str(directory / "cache")}} if request.param == "cached" else {})}}).data
+        "cache": {"enabled": request.param == "cached", "path": str(directory / "cache") if request.param == "cached" else "",
+                  "records": "auto" if request.param == "per_example" else False}}}).data
     built = Pipeline.from_config(data)
     assert built.deals_remainders and (built.plan.batched == (request.param == "batched")), built.plan
+    assert built.plan.record_cache.value == (request.param == "per_example"), built.plan.record_cache
     return built
 
 
