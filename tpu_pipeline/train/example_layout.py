@@ -12,13 +12,17 @@ from the checkpoint and the step, so nothing is exchanged between workers before
 from __future__ import annotations
 
 import json
+import os
+from typing import Optional
+
 import tensorflow as tf
 
 from tpu_pipeline.cluster import ClusterInfo
+from tpu_pipeline.config import Config
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.core.remainder import Layout
-from tpu_pipeline.train.started_with import hosts
+from tpu_pipeline.train.started_with import check_hosts, hosts
 
 LAYOUT_KEY = "input_layout"  # an example stream's layout in the checkpoint (ExampleLayout)
 
@@ -35,6 +39,15 @@ class ExampleLayout(tf.Module):
         with tf.init_scope():
             self.saved = tf.Variable(json.dumps(self.layout.to_json()), dtype=tf.string, trainable=False, name="layout")
 
+    @staticmethod
+    def of(pipeline: Pipeline, cluster: ClusterInfo, config: Config) -> Optional["ExampleLayout"]:
+        """The layout of a pipeline that deals remainders (an example stream); None for a windowed stream or a
+        mixture, whose places hold only on as many hosts: a checkpoint of another number is refused here."""
+        if pipeline.deals_remainders:
+            return ExampleLayout(pipeline, cluster)
+        check_hosts(config, tf.train.latest_checkpoint(os.path.join(config.train.run_dir, "checkpoints")), cluster.num_hosts)
+        return None
+
     def _per_step(self, count: int) -> int:
         """Examples each of `count` input pipelines delivers a step: its share of the global batch."""
         return self._pipeline.global_batch_size() // count
@@ -49,9 +62,10 @@ class ExampleLayout(tf.Module):
                 "(balanced) on TFRecord files or arrays, or resume on as many hosts as before")
         return length
 
-    def restore(self, step: int, run_dir: str) -> None:
-        """After the checkpoint's restore: this run's layout, from the one saved at `step`. A checkpoint written
-        before layouts were saved holds the initial one; its pipelines stood at `step` examples a step each."""
+    def resume(self, step: int, run_dir: str) -> str:
+        """After the checkpoint's restore: this run's layout, from the one saved at `step`, and the line that says
+        where the input resumes. A checkpoint written before layouts were saved holds the initial one; its
+        pipelines stood at `step` examples a step each."""
         saved = Layout.from_json(json.loads(self.saved.numpy().decode()))
         if saved.step != step:
             saved = Layout((step * self._per_step(saved.hosts),) * saved.hosts, step)
@@ -60,6 +74,7 @@ class ExampleLayout(tf.Module):
         self._was = saved
         self.layout = (saved if saved.hosts == count else
                        saved.dealt_to(count, self._length(saved.hosts, run_dir), self._length(count, run_dir)))
+        return self._describe(step)
 
     def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
         """Input pipeline `context`'s stream from global step `step` on: from its place in the layout (its
@@ -71,8 +86,8 @@ class ExampleLayout(tf.Module):
         """The layout as of global step `step`, for the checkpoint saved there."""
         self.saved.assign(json.dumps(self.layout.at(step, self._per_step(self.layout.hosts)).to_json()))
 
-    def describe(self, step: int) -> str:
-        """Where the input resumes, after `restore`: the old layout's rest dealt, or each pipeline's own place."""
+    def _describe(self, step: int) -> str:
+        """Where the input resumes: the old layout's rest dealt, or each pipeline's own place."""
         was, now, remainder = self._was, self.layout, self.layout.remainder
         if remainder is None and was.hosts == now.hosts:
             return f"the input pipelines continue from example {step * self._pipeline.global_batch_size():,} of the training stream"

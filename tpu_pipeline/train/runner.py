@@ -50,7 +50,7 @@ from tpu_pipeline.train.model_inputs import check_eval_feeds_the_model, element_
 from tpu_pipeline.train.peer_watch import watching_peers
 from tpu_pipeline.train.preemption import Preempted, PreemptionFlag, StopAgreement
 from tpu_pipeline.train.run_files import RunFiles, check_same_restore, metrics_path, read_metrics
-from tpu_pipeline.train.sequence_streams import windowed_service_stream, with_token_meter
+from tpu_pipeline.train.sequence_streams import service_resume_line, windowed_service_stream, with_token_meter
 from tpu_pipeline.train.stall import StallWatch, kept_line
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition
 
@@ -164,11 +164,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
     position = (WindowedPosition(train_pipeline, cluster, store, run_key)
                 if windowed is not None and train_pipeline.service is None else None)
     mixture_state = MixtureState.of(train_pipeline, cluster.num_hosts)  # a mixture's weights, and since when
-    # An example stream's places, dealt to another number of hosts on a resume (train/example_layout.py).
-    layout = ExampleLayout(train_pipeline, cluster) if train_pipeline.deals_remainders else None
-    if layout is None:  # a window's or a mixture's places hold only on as many hosts
-        started_with.check_hosts(config, tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints")),
-                                 cluster.num_hosts)
+    layout = ExampleLayout.of(train_pipeline, cluster, config)  # an example stream's places, dealt on other hosts
     resumed_from = 0
 
     def train_dataset(step: int) -> Any:
@@ -260,20 +256,12 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
         if position is not None:
             where = position.describe()
         elif layout is not None:
-            layout.restore(resumed_from, run_dir)
-            where = layout.describe(resumed_from)
+            where = layout.resume(resumed_from, run_dir)
         elif train_pipeline.service is None:
             where = (f"the input pipelines continue from example {resumed_from * config.data.batch_size:,} "
                      "of the training stream")
-        elif windowed is not None:
-            where = (f"data.service cannot resume a data.sequence {train_pipeline.sequence_mode} stream "
-                     "exactly (a step does not say how many examples its rows held), so the input starts a fresh "
-                     f"service job at the start of the data (data epoch 1): what the {resumed_from:,} step(s) "
-                     "before trained on comes again")
         else:
-            data_epoch, again = train_pipeline.service_restart(resumed_from * config.data.batch_size)
-            where = (f"data.service cannot resume exactly, so the input starts a fresh service job at the start of "
-                     f"data epoch {data_epoch + 1}" + (f": {again:,} examples of it come again" if again else ""))
+            where = service_resume_line(train_pipeline, resumed_from, config.data.batch_size)
         printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {where}")
         if mixture_state is not None:  # weights changed: the rows in flight keep the old ones; said in a line
             saved_at = ((lambda context: position.saved(context.input_pipeline_id)) if position is not None else

@@ -1,4 +1,5 @@
-"""What `train` adds to a data.sequence stream: a tokens/s meter, and the windowed stream through data.service.
+"""What `train` adds to a data.sequence stream: a tokens/s meter, and the windowed stream through data.service
+(with what a resume through the service says, windowed or not).
 
 Both rewrite or rebuild a `Pipeline` without changing what it delivers: the meter is one more stage
 that counts (non-padding tokens), and the service stream restarts where a step count can place it.
@@ -54,3 +55,15 @@ def windowed_service_stream(pipeline: Pipeline, context: tf.distribute.InputCont
     if pipeline.service.job_name is not None or taken_steps <= 0:
         return dataset
     return dataset.skip(taken_steps * (context.num_replicas_in_sync // max(1, context.num_input_pipelines)))
+
+
+def service_resume_line(pipeline: Pipeline, step: int, global_batch: int) -> str:
+    """Where a stream through data.service resumes after `step` steps, as `train`'s resume line says it: the
+    service decides which worker makes which batch, so a resume is a fresh job, never the exact rest."""
+    if pipeline.windowed is not None:
+        return (f"data.service cannot resume a data.sequence {pipeline.sequence_mode} stream exactly (a step does "
+                "not say how many examples its rows held), so the input starts a fresh service job at the start of "
+                f"the data (data epoch 1): what the {step:,} step(s) before trained on comes again")
+    data_epoch, again = pipeline.service_restart(step * global_batch)
+    return (f"data.service cannot resume exactly, so the input starts a fresh service job at the start of data epoch "
+            f"{data_epoch + 1}" + (f": {again:,} examples of it come again" if again else ""))
