@@ -36,6 +36,7 @@ class ExampleLayout(tf.Module):
         self._pipeline = pipeline
         self._cluster = cluster
         self.layout = Layout((0,) * cluster.num_hosts)
+        self._was = self.layout  # the layout the checkpoint was saved in (`resume`)
         with tf.init_scope():
             self.saved = tf.Variable(json.dumps(self.layout.to_json()), dtype=tf.string, trainable=False, name="layout")
 
@@ -70,11 +71,10 @@ class ExampleLayout(tf.Module):
         if saved.step != step:
             saved = Layout((step * self._per_step(saved.hosts),) * saved.hosts, step)
         count = self._cluster.num_hosts
-        saved = saved.at(step, self._per_step(saved.hosts))
         self._was = saved
         self.layout = (saved if saved.hosts == count else
                        saved.dealt_to(count, self._length(saved.hosts, run_dir), self._length(count, run_dir)))
-        return self._describe(step)
+        return self._describe(step, run_dir)
 
     def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
         """Input pipeline `context`'s stream from global step `step` on: from its place in the layout (its
@@ -86,7 +86,7 @@ class ExampleLayout(tf.Module):
         """The layout as of global step `step`, for the checkpoint saved there."""
         self.saved.assign(json.dumps(self.layout.at(step, self._per_step(self.layout.hosts)).to_json()))
 
-    def _describe(self, step: int) -> str:
+    def _describe(self, step: int, run_dir: str) -> str:
         """Where the input resumes: the old layout's rest dealt, or each pipeline's own place."""
         was, now, remainder = self._was, self.layout, self.layout.remainder
         if remainder is None and was.hosts == now.hosts:
@@ -95,7 +95,7 @@ class ExampleLayout(tf.Module):
         head = (f"this run has {hosts(now.hosts)} ({replicas} replica{'s' if replicas != 1 else ''}), the checkpoint "
                 f"{hosts(was.hosts)}: " if was.hosts != now.hosts else "")
         if remainder is None:  # the old hosts stood at an epoch's end
-            return head + f"each input pipeline starts its own shard of data epoch {now.examples[0] // self._length(now.hosts, '') + 1}"
+            return head + f"each input pipeline starts its own shard of data epoch {now.examples[0] // self._length(now.hosts, run_dir) + 1}"
         epoch, rest = remainder.epoch + 1, remainder.rest
         to = "this host" if now.hosts == 1 else f"the {now.hosts} hosts in turns"
         if was.hosts == now.hosts:
