@@ -61,10 +61,15 @@ def skip_examples(dataset: tf.data.Dataset, count: int) -> tf.data.Dataset:
     records (blocks or windows): those are cut at the record, never parsed."""
     if not count:
         return dataset
-    spec = dataset.element_spec
-    if isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string and spec.shape.rank == 1:
+    if record_blocks(dataset):
         return dataset.unbatch().skip(count).batch(1024)
     return dataset.skip(count)
+
+
+def record_blocks(dataset: tf.data.Dataset) -> bool:
+    """True where the elements are vectors of serialized records (blocks or windows), to be cut at the record."""
+    spec = dataset.element_spec
+    return isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string and spec.shape.rank == 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,8 +306,7 @@ class Pipeline:
             head = lambda dataset, offset=offset: skip_examples(dataset, offset)  # noqa: E731
             stream = (parts.repeat.epochs(one_epoch, differ, first=epoch, head=head) if parts.repeat is not None
                       else head(one_epoch(tf.constant(epoch, tf.int64))))
-            spec = stream.element_spec
-            blocks = isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string and spec.shape.rank == 1
+            blocks = record_blocks(stream)
             streams.append((stream.unbatch() if blocks else stream).take(remainder.left(index)))
         turns = tf.data.Dataset.range(remainder.hosts).repeat(max(remainder.left(i) for i in range(remainder.hosts)))
         everything = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
