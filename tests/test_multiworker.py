@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -70,15 +71,22 @@ def outputs(workers: list[subprocess.Popen]) -> str:
 
 
 def kill_after_its_first_checkpoint(process: subprocess.Popen, run_dir: str, resumed_from: int) -> int:
-    """SIGKILLs `process`, a run resumed from step `resumed_from`, once it wrote a checkpoint; returns the newest
-    checkpoint's step (what the next run resumes from)."""
+    """SIGKILLs `process`, a run resumed from step `resumed_from`, once it wrote a checkpoint; returns the step the
+    next run resumes from. Keyed on the checkpoint state file, which a resume reads: a `.index` file exists before
+    the state file names it, and a kill between the two leaves the older checkpoint the newest."""
     deadline = time.monotonic() + 240
-    while checkpoint_steps(run_dir)[-1] == resumed_from:
+    while newest_checkpoint_step(run_dir) == resumed_from:
         assert process.poll() is None and time.monotonic() < deadline, outputs([process])
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
-    return checkpoint_steps(run_dir)[-1]
+    return newest_checkpoint_step(run_dir)
+
+
+def newest_checkpoint_step(run_dir: str) -> int:
+    """The step of the checkpoint the state file `checkpoints/checkpoint` names (written by rename: never half)."""
+    text = open(os.path.join(run_dir, "checkpoints", "checkpoint")).read()
+    return int(re.search(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', text, re.M).group(1))
 
 
 def drop_steps_after(log: str, step: int) -> None:
@@ -98,12 +106,6 @@ def dealt_line(hosts: int, was: int, step: int, to: str, replicas: int = 2) -> s
         return head + f"each input pipeline starts its own shard of data epoch {step // per_epoch + 1}"
     left = NUM - (step % per_epoch) * 64
     return head + f"the rest of data epoch {step // per_epoch + 1}, {left:,} examples, is dealt to {to}, then each reads its own shard"
-
-
-def checkpoint_steps(run_dir: str) -> list[int]:
-    """The steps of the checkpoints in `run_dir`, in order."""
-    return sorted(int(name[len("ckpt-"):-len(".index")]) for name in os.listdir(os.path.join(run_dir, "checkpoints"))
-                  if name.startswith("ckpt-") and name.endswith(".index"))
 
 
 def agreed_sigterm_step(printed: list[str], run_dir: str) -> int:
