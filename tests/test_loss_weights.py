@@ -129,6 +129,68 @@ def test_pack_pad_and_bucket_carry_each_targets_weight_row_for_row(files, mode, 
     assert 0 < weighted < real_slots  # some targets trained on, some not
 
 
+@pytest.fixture(scope="module")
+def coin_files(tmp_path_factory) -> str:
+    """The documents with weights drawn apart from the tokens (the parity files would hide a weight read off its
+    token's bits)."""
+    root = tmp_path_factory.mktemp("coin_weights")
+    rng = np.random.default_rng(8)
+
+    def example(tokens: list[int]) -> bytes:
+        feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens)),
+                   LOSS_WEIGHTS: tf.train.Feature(int64_list=tf.train.Int64List(value=rng.integers(0, 2, len(tokens))))}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    write_split((example(tokens) for tokens in documents()), str(root), "train", 3)
+    return str(root / "train-*.tfrecord")
+
+
+def packed_batches(files: str) -> list:
+    data = {**lm_data(files, "pack", "split"), "sequence": {**lm_data(files, "pack", "split")["sequence"],
+                                                            "row_shuffle": 2}}
+    config = config_from_dict({"data": data, "train": {"task": "language_model"}, "model": {"architecture": "transformer"}})
+    return [tf.nest.map_structure(lambda t: t.numpy(), batch) for batch in Pipeline.from_config(config.data).build()]
+
+
+def test_packed_weights_ride_in_their_targets_and_give_the_rows_packing_them_apart_gives(coin_files, monkeypatch):
+    """Pack carries each weight inside its target's int64 (one key less to chunk and write): the batches are
+    those of the weights packed as a key of their own, array for array, in the same order."""
+    from tpu_pipeline.pipeline.sequences import carried_weights
+
+    folded = []
+    fold = carried_weights.fold
+    monkeypatch.setattr(carried_weights, "fold", lambda features, pair: folded.append(pair) or fold(features, pair))
+    carried = packed_batches(coin_files)
+    assert folded == [(LOSS_WEIGHTS, "targets")]
+    monkeypatch.setattr(carried_weights, "carried_pair", lambda *_: None)  # the weights packed apart, as before
+    apart = packed_batches(coin_files)
+    assert len(carried) == len(apart) > 4
+    for got, expected in zip(carried, apart):
+        tf.nest.assert_same_structure(got, expected)
+        for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected)):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_a_carried_weight_comes_back_exactly_and_one_other_than_0_or_1_is_refused_naming_it():
+    from tpu_pipeline.pipeline.sequences.carried_weights import fold, unfold
+
+    pair = (LOSS_WEIGHTS, "targets")
+    ids = [-(1 << 40), -3, -1, 0, 1, 2, (1 << 31) - 1, 1 << 40]
+    tokens = tf.ragged.constant([ids, [], ids[::-1]], tf.int64)
+    weights = tf.ragged.constant([[i % 2 for i in ids], [], [1 - i % 2 for i in ids[::-1]]], tf.int64)
+    spec = {"targets": tf.RaggedTensorSpec([None, None], tf.int64), LOSS_WEIGHTS: tf.RaggedTensorSpec([None, None], tf.int64)}
+    carried = fold({"targets": tokens, LOSS_WEIGHTS: weights, "inputs": tokens}, pair)
+    assert sorted(carried) == ["inputs", "targets"]
+    back = unfold({"targets": carried["targets"].flat_values}, pair, spec)
+    assert back["targets"].numpy().tolist() == tokens.flat_values.numpy().tolist()
+    assert back[LOSS_WEIGHTS].numpy().tolist() == weights.flat_values.numpy().tolist()
+    for weight in (2, -1):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'loss_weights' holds a weight other than 0 or 1"):
+            fold({"targets": tf.constant([5, 6], tf.int64), LOSS_WEIGHTS: tf.constant([1, weight], tf.int64)}, pair)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'loss_weights' must hold one weight per token of 'targets'"):
+        fold({"targets": tokens, LOSS_WEIGHTS: tf.ragged.constant([[1], [], [0]], tf.int64)}, pair)
+
+
 def test_the_language_models_figures_count_the_weighted_tokens_only():
     """The loss and every metric over weighted targets only: numpy's figures and plain Keras's cross-entropy
     times the mask over the mask's sum; targets changed where they weigh 0 change no figure."""

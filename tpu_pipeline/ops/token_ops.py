@@ -112,22 +112,30 @@ def truncate(max_length: int, keep: str = "head", key: str = "tokens", out_key: 
     return _writes("truncate", key, out_key, lambda tokens: tokens[:, cut] if _batch(tokens) else tokens[cut])
 
 
-def _shift_batch(tokens: tf.RaggedTensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
-    """`tokens[:, :-1]`, `tokens[:, 1:]` of a ragged batch. A batch of one document (what pack mode
-    parses at a time when documents are tens of MB) is cut by slicing its values, not by ragged
-    indexing, which builds an int64 index as long as the document and two gathered copies."""
-    def one() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def _shift_batch(tokens: tf.RaggedTensor, weights: Optional[tf.RaggedTensor] = None) -> tuple[Any, ...]:
+    """`tokens[:, :-1]`, `tokens[:, 1:]` of a ragged batch, and `weights[:, 1:]` where given (one weight per token:
+    checked by the caller), cut by the tokens' own indices. A batch of one document (what pack mode parses at a
+    time when documents are tens of MB) is cut by slicing its values, not by indexing, which builds an int64 index
+    as long as the document and two gathered copies."""
+    def one() -> tuple[tf.Tensor, ...]:
         values = tokens.flat_values
         size = tf.size(values, tokens.row_splits.dtype)
         pairs = tf.maximum(size - 1, 0)
-        return values[:pairs], values[size - pairs:], tf.reshape(pairs, [1])
+        cut = (values[:pairs], values[size - pairs:], tf.reshape(pairs, [1]))
+        return cut + ((weights.flat_values[size - pairs:],) if weights is not None else ())
 
-    def many() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        return inputs.flat_values, targets.flat_values, inputs.row_lengths()
+    def many() -> tuple[tf.Tensor, ...]:
+        starts, limits = tokens.row_splits[:-1], tokens.row_splits[1:]
+        first = tf.minimum(starts + 1, limits)  # each row's targets start a token in (an empty row: none)
+        later = tf.ragged.range(first, limits, row_splits_dtype=tokens.row_splits.dtype).flat_values
+        earlier = tf.ragged.range(starts, starts + (limits - first), row_splits_dtype=tokens.row_splits.dtype).flat_values
+        values = tokens.flat_values
+        cut = (tf.gather(values, earlier), tf.gather(values, later), limits - first)
+        return cut + ((tf.gather(weights.flat_values, later),) if weights is not None else ())
 
-    inputs, targets, lengths = tf.cond(tf.equal(tokens.nrows(), 1), one, many)
-    return tf.RaggedTensor.from_row_lengths(inputs, lengths), tf.RaggedTensor.from_row_lengths(targets, lengths)
+    inputs, targets, lengths, *weighed = tf.cond(tf.equal(tokens.nrows(), 1), one, many)
+    pairs = (tf.RaggedTensor.from_row_lengths(inputs, lengths), tf.RaggedTensor.from_row_lengths(targets, lengths))
+    return pairs + tuple(tf.RaggedTensor.from_row_lengths(w, lengths) for w in weighed)
 
 
 def _same_lengths(tokens: Any, weights: Any, key: str, weights_key: str) -> tf.Operation:
@@ -178,15 +186,18 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
             raise _refused(f"op 'lm_shift': feature(s) {clash} exist already and would be overwritten; set "
                            "inputs_key/targets_key to other names (or drop them with op keep)")
         out = {k: v for k, v in features.items() if keep or k != key}
-        if _batch(tokens):
+        weights = _sequence(features, weights_key, op) if weights_key in features else None
+        if weights is not None:  # each target's weight is its token's: cut by the tokens' own indices
+            with tf.control_dependencies([_same_lengths(tokens, weights, key, weights_key)]):
+                if _batch(tokens):
+                    out[inputs_key], out[targets_key], out[weights_key] = _shift_batch(tokens, weights)
+                else:
+                    out[inputs_key], out[targets_key], out[weights_key] = tokens[:-1], tokens[1:], weights[1:]
+        elif _batch(tokens):
             out[inputs_key], out[targets_key] = _shift_batch(tokens)
         else:
             out[inputs_key], out[targets_key] = tokens[:-1], tokens[1:]
-        if weights_key in features:
-            weights = _sequence(features, weights_key, op)
-            with tf.control_dependencies([_same_lengths(tokens, weights, key, weights_key)]):
-                out[weights_key] = _shift_batch(weights)[1] if _batch(weights) else tf.identity(weights[1:])
-        elif default_weight is not None:  # one per target, ragged or not, in the tokens' dtype
+        if weights is None and default_weight is not None:  # one per target, ragged or not, in the tokens' dtype
             out[weights_key] = tf.ones_like(out[targets_key]) * default_weight
         return out
 

@@ -28,7 +28,7 @@ from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.element_keys import EXAMPLE_MASK, SOURCE_KEY
 from tpu_pipeline.pipeline.core.resume_position import position_fields
 from tpu_pipeline.pipeline.core.tuning import tune
-from tpu_pipeline.pipeline.sequences import packing
+from tpu_pipeline.pipeline.sequences import carried_weights, packing
 from tpu_pipeline.pipeline.sequences.chunking import (
     CHUNK, EXAMPLE, chunk_stream, is_block, overflow_message, spans, window_stream,
 )
@@ -196,12 +196,21 @@ class PackRows(Windowed):
         return {SOURCE_KEY: self.sources} if SOURCE_KEY in spec and self.sources else {}
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
-        self.check_features(dataset.element_spec)
+        spec = dataset.element_spec
+        self.check_features(spec)
         keys, skip = list(self.keys), context.skip
-        counted = self._counted(dataset.element_spec)
-        chunks = chunk_stream(dataset, keys, self.lengths, self.overflow, context.examples, context.chunk, list(counted))
+        counted = self._counted(spec)
         calls = tune(self.num_parallel_calls)
         parallel = {} if calls == 1 else {"num_parallel_calls": calls}
+        pair = carried_weights.carried_pair(keys, self.lengths, spec)  # the weights ride in their targets' values
+        if pair is not None:
+            dataset = dataset.map(lambda features: carried_weights.fold(features, pair), name="carry_weights",
+                                  deterministic=True, **parallel)
+        # The keys whose values are chunked and written; the placement still sees every key (`column`).
+        written = [key for key in keys if pair is None or key != pair[0]]
+        column = {key: (pair[1] if pair is not None and key == pair[0] else key) for key in keys}
+        chunks = chunk_stream(dataset, written, self.lengths, self.overflow, context.examples, context.chunk,
+                              list(counted))
         lengths = {key: self.lengths[key] for key in keys}
         windows = max(1, self.row_shuffle)  # a pool's windows
         pipeline = context.input_pipeline_id
@@ -234,9 +243,13 @@ class PackRows(Windowed):
             their order: packing order, or a seeded permutation of the pool's rows. The chunks' tokens stay where
             they are (the block they were parsed in): the rows are written from there."""
             example, first_chunk = parts[EXAMPLE][0], parts[CHUNK][0]
-            counts = tf.stack([tf.cast(spans(parts, key)[2], tf.int32) for key in keys], axis=1)
-            starts = tf.stack([tf.cast(spans(parts, key)[1], tf.int32) for key in keys], axis=1)
+            counts = tf.stack([tf.cast(spans(parts, column[key])[2], tf.int32) for key in keys], axis=1)
+            starts = tf.stack([tf.cast(spans(parts, column[key])[1], tf.int32) for key in keys], axis=1)
             items = place(counts, starts)  # chunks fit their rows already: no item is cut
+            if pair is not None:  # the weights' column is the targets': written once, in the targets' values
+                kept = [keys.index(key) for key in written]
+                items = {**items, **{name: tf.gather(items[name], kept, axis=1)
+                                     for name in (packing.ITEM_SIZE, packing.ITEM_SOURCE)}}
             named = {name: tf.gather(parts[name], items[packing.ITEM_EXAMPLE]) for name in counted}
             rows = items[packing.ITEM_ROW]
             count = tf.reduce_max(tf.concat([rows + 1, [0]], 0))
@@ -244,14 +257,17 @@ class PackRows(Windowed):
                 seed = seeds.key(self.seed, seeds.ROW_SHUFFLE, pipeline, example, first_chunk)
                 order = tf.random.experimental.stateless_shuffle(tf.range(count), seed=seed)
                 rows = tf.gather(tf.math.invert_permutation(order), rows)  # row r leaves as row order⁻¹[r]
-            values = {key: parts[key] for key in keys}
-            out = packing.write_rows(values, items, lengths, rows, counted=counted, counted_values=named)
+            values = {key: parts[key] for key in written}
+            out = packing.write_rows(values, items, {key: lengths[key] for key in written}, rows, counted=counted,
+                                     counted_values=named)
             del out[packing.ROW_EXAMPLES]
+            if pair is not None:
+                out = carried_weights.unfold(out, pair, spec)
             return {**out, **position_fields(example, first_chunk, tf.range(count))}
 
         # A pool's chunks in one element (their tokens where they were parsed): no per-window element, and
         # no batch of windows that would copy their tokens.
-        pools = window_stream(chunks, keys, self.window * windows).map(pool, name="pack", **parallel)
+        pools = window_stream(chunks, written, self.window * windows).map(pool, name="pack", **parallel)
         if skip:  # the rows of the first pool delivered before (a resume)
             def skipped(left: tf.Tensor, rows: Features) -> tuple[tf.Tensor, Features]:
                 dropped = tf.minimum(left, tf.shape(rows[keys[0]], out_type=tf.int64)[0])
