@@ -171,6 +171,19 @@ def test_packed_weights_ride_in_their_targets_and_give_the_rows_packing_them_apa
             assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
+def test_weights_packed_in_one_call_warn_of_nothing(files):
+    """With data.num_parallel_calls 1 (the doctor tries it) the map that folds the weights is sequential: building it
+    prints no TensorFlow warning on the user's terminal."""
+    import warnings
+
+    data = {**lm_data(files, "pack", "split"), "num_parallel_calls": 1}
+    config = config_from_dict({"data": data, "train": {"task": "language_model"}, "model": {"architecture": "transformer"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Pipeline.from_config(config.data).build()
+    assert not [str(w.message) for w in caught if "deterministic" in str(w.message)]
+
+
 def test_a_carried_weight_comes_back_exactly_and_one_other_than_0_or_1_is_refused_naming_it():
     from tpu_pipeline.pipeline.sequences.carried_weights import fold, unfold
 

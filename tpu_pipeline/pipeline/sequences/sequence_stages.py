@@ -204,8 +204,8 @@ class PackRows(Windowed):
         parallel = {} if calls == 1 else {"num_parallel_calls": calls}
         pair = carried_weights.carried_pair(keys, self.lengths, spec)  # the weights ride in their targets' values
         if pair is not None:
-            dataset = dataset.map(lambda features: carried_weights.fold(features, pair), name="carry_weights",
-                                  deterministic=True, **parallel)
+            in_order = {"deterministic": True, **parallel} if parallel else {}  # (tf warns of one without the other)
+            dataset = dataset.map(lambda features: carried_weights.fold(features, pair), name="carry_weights", **in_order)
         # The keys whose values are chunked and written; the placement still sees every key (`column`).
         written = [key for key in keys if pair is None or key != pair[0]]
         column = {key: (pair[1] if pair is not None and key == pair[0] else key) for key in keys}
