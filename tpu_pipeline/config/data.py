@@ -5,7 +5,7 @@ and tf.data option knobs; unlike big_vision, an unknown key is an error, never i
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import pydantic
 
@@ -72,6 +72,13 @@ EXAMPLE_MASK = "example_mask"  # bucket mode: 0 on the examples that fill a buck
 LOSS_WEIGHTS = "loss_weights"
 
 
+def weighted_target(keys: Sequence[str]) -> Optional[str]:
+    """The sequence key a language model predicts, the one `loss_weights` weighs: `targets` (what {op: lm_shift}
+    writes), else the last key but the weights; None without one."""
+    tokens = [key for key in keys if key != LOSS_WEIGHTS]
+    return "targets" if "targets" in tokens else (tokens[-1] if tokens else None)
+
+
 def derived_outputs(sequence: Optional[SequenceConfig], task: str) -> Optional[OutputsConfig]:
     """The outputs a language model takes from a data.sequence pipeline, when the config gives none.
 
@@ -86,7 +93,7 @@ def derived_outputs(sequence: Optional[SequenceConfig], task: str) -> Optional[O
     tokens = [key for key in sequence.keys if key != LOSS_WEIGHTS]
     if len(tokens) < 2:
         return None
-    target = "targets" if "targets" in tokens else tokens[-1]
+    target = weighted_target(tokens)
     suffixes = SEQUENCE_INPUTS[sequence.mode]
     inputs = [name for key in tokens if key != target for name in (key, *(key + s for s in suffixes))]
     weights: list[str] = [target + suffixes[0]]

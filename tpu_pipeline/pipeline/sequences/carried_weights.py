@@ -21,13 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from tpu_pipeline.config.data import LOSS_WEIGHTS
-
-
-def target_key(keys: Sequence[str]) -> Optional[str]:
-    """The key the weights weigh: `targets`, else the last key but the weights (`config.data.derived_outputs`)."""
-    tokens = [key for key in keys if key != LOSS_WEIGHTS]
-    return "targets" if "targets" in tokens else (tokens[-1] if tokens else None)
+from tpu_pipeline.config.data import LOSS_WEIGHTS, weighted_target
 
 
 def _values_dtype(spec: Any) -> Optional[tf.DType]:
@@ -37,7 +31,7 @@ def _values_dtype(spec: Any) -> Optional[tf.DType]:
 def carried_pair(keys: Sequence[str], lengths: Mapping[str, int], spec: Mapping[str, Any]) -> Optional[tuple[str, str]]:
     """(weights key, target key) when the weights can ride in the target: both integer keys of one row length,
     the same kind of tensor; else None."""
-    target = target_key(keys)
+    target = weighted_target(keys)
     if LOSS_WEIGHTS not in keys or target is None or LOSS_WEIGHTS not in spec or target not in spec:
         return None
     if lengths.get(LOSS_WEIGHTS) != lengths.get(target):
