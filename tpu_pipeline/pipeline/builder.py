@@ -396,12 +396,21 @@ class Pipeline:
         """For `strategy.distribute_datasets_from_function`."""
         return self.build
 
-    def distribute(self, strategy: tf.distribute.Strategy) -> Any:
+    def distribute(self, strategy: tf.distribute.Strategy,
+                   check: Optional[Callable[[Any], None]] = None) -> Any:
         """The per-replica dataset for `strategy` (one `build` per input pipeline). Its iterators' per-device
         buffers run without tf.data's autotuner (`runtime/device_buffers.py`, installed when this module is
-        imported, so also for `strategy.distribute_datasets_from_function` called directly)."""
+        imported, so also for `strategy.distribute_datasets_from_function` called directly). `check`: called
+        with each built dataset's element_spec (to refuse what a model cannot take without building it again)."""
         untune_device_buffers()
-        return strategy.distribute_datasets_from_function(self.build)
+
+        def build(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            dataset = self.build(context)
+            if check is not None:
+                check(dataset.element_spec)
+            return dataset
+
+        return strategy.distribute_datasets_from_function(build)
 
     @classmethod
     def from_config(cls, config: DataConfig, *, target: str = "cpu", source: Optional[Source] = None,

@@ -6,7 +6,7 @@ position and weights that leave padding out; an evaluation must feed the model t
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import tensorflow as tf
 
@@ -52,11 +52,10 @@ def element_shape(pipeline: Pipeline, task: str = "classification") -> Union[lis
     return shapes if isinstance(inputs, dict) else shapes[""]
 
 
-def check_eval_feeds_the_model(config: Config, trained: Union[list[int], dict[str, list[int]]],
-                                eval_pipeline: Pipeline) -> None:
+def check_eval_feeds_the_model(config: Config, trained: Union[list[int], dict[str, list[int]]], spec: Any) -> None:
     """Refuses, before the first step, an evaluation whose inputs the model built for `data` cannot take
-    (other input names, or another fixed length), in one line naming the keys that differ."""
-    spec = eval_pipeline.build().element_spec
+    (other input names, or another fixed length), in one line naming the keys that differ. `spec`: the
+    element_spec of an evaluation dataset as built (`Pipeline.distribute(check=...)` hands it over)."""
     if not isinstance(spec, tuple):
         return  # no targets: for_evaluation says so
     inputs = spec[0] if isinstance(spec[0], dict) else {"": spec[0]}

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
@@ -192,11 +193,10 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
         """evaluated.eval_data's distributed dataset, its steps and its pipeline. Exact: every example of one
         pass once, the last batch padded with zero-weight examples."""
         pipeline = Pipeline.from_config(evaluated.eval_data, target=target, prefix="eval_data",
-                                        num_classes=config.train.num_classes, vocab=config_vocabulary(config))
-        check_eval_feeds_the_model(config, input_shape, pipeline)
-        pipeline = pipeline.for_evaluation()
+                                        num_classes=config.train.num_classes, vocab=config_vocabulary(config)).for_evaluation()
+        dataset = pipeline.distribute(cluster.strategy, check=partial(check_eval_feeds_the_model, config, input_shape))
         eval_steps = config.train.eval_steps or pipeline.evaluation_steps(cluster.num_replicas, cluster.num_hosts)
-        return pipeline.distribute(cluster.strategy), eval_steps, pipeline
+        return dataset, eval_steps, pipeline
 
     eval_dataset, validation_steps, eval_pipeline = None, None, None
     if config.eval_data is not None:
