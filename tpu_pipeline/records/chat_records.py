@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import collections.abc
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.chat_encoding import ChatEncoder
 from tpu_pipeline.format.chat_template import ROLES, ChatTemplate, Rendered
 from tpu_pipeline.format.tokenizer import Tokenizer
+from tpu_pipeline.records.chat_flat import FlatChatML
 from tpu_pipeline.records.convert_input import Encoded, ItemError
 from tpu_pipeline.records.token_records import FEATURE, TokenRecords, token_examples
 
@@ -115,10 +116,18 @@ class ChatRecords(TokenRecords):
         self.template, self.schema, self.loss_on = template, schema, loss_on
         self.max_tokens, self.overlong = int(max_tokens), overlong
         self.encoder = ChatEncoder(template, tokenizer, tokenizer_spec)
+        self.flat = FlatChatML.of(self, SCHEMAS[schema])  # None where the flat way does not apply
 
     def encode_many(self, records: Sequence[Mapping[str, Any]], wheres: Sequence[str]) -> list[Result]:
-        """Each record's (Encoded, None) or (None, ItemError), in order: rendered one by one, then tokenized and
-        serialized as one batch (a record at a time, the array work per record cost more than the rest)."""
+        """Each record's (Encoded, None) or (None, ItemError), in order. ChatML with the byte-level tokenizer goes
+        the flat way (records/chat_flat.py: the same records, from arrays); any other, `encode_rows`."""
+        if self.flat is not None:
+            return self.flat.encode_records(records, wheres)
+        return self.encode_rows(records, wheres)
+
+    def encode_rows(self, records: Sequence[Mapping[str, Any]], wheres: Sequence[str]) -> list[Result]:
+        """`encode_many` a record at a time: rendered one by one, then tokenized and serialized as one batch (a
+        record at a time, the array work per record cost more than the rest)."""
         out: list[Result] = [(None, None)] * len(records)
         rendered, rows, conversations = [], [], []
         for row, (record, where) in enumerate(zip(records, wheres)):
@@ -130,14 +139,21 @@ class ChatRecords(TokenRecords):
                 continue
             rows.append(row)
             conversations.append(messages)
-        ids, weights, bounds = self.encoder.encode_many(rendered)
+        return self.finish(out, rows, self.encoder.encode_many(rendered), wheres,
+                           lambda k: self._shortened(conversations[k], wheres[rows[k]]))
+
+    def finish(self, out: list[Result], rows: Sequence[int], encoded: tuple[np.ndarray, np.ndarray, np.ndarray],
+               wheres: Sequence[str], shortened: Callable[[int], Result]) -> list[Result]:
+        """`out[rows[k]]` for each conversation k of `encoded` (ids, weights, bounds: conversation k is
+        [bounds[k], bounds[k + 1])): its record, or an error; `shortened(k)`: the result of an over-long one."""
+        ids, weights, bounds = encoded
         lengths = np.diff(bounds)
         covered = np.concatenate([[0], np.cumsum(weights, dtype=np.int64)])
         weighted = covered[bounds[1:]] - covered[bounds[:-1]] if self.loss_on == "answers" else lengths
         good = []
         for k, row in enumerate(rows):
             if lengths[k] > self.max_tokens:
-                out[row] = self._shortened(conversations[k], wheres[row])
+                out[row] = shortened(k)
             elif not weighted[k] or not lengths[k]:
                 out[row] = (None, ItemError(wheres[row], "no weighted token: every assistant answer is empty; drop "
                                                          "the record" if lengths[k] else "the template rendered nothing"))

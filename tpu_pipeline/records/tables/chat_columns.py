@@ -3,7 +3,8 @@ encoded as `tokens` + `loss_weights` records.
 
 The schema's columns (`messages`, or `prompt`/`completion`, or `question`/`answer`) are read as Python
 values (a `messages` column is a list of structs) and each row goes through the same `ChatRecords` as a JSON
-line, so the two inputs give the same records for the same conversation.
+line, so the two inputs give the same records for the same conversation; with ChatML and the byte-level
+tokenizer a `messages` column is read from its Arrow buffers instead (records/chat_flat.py, the same records).
 """
 from __future__ import annotations
 
@@ -43,4 +44,6 @@ class ChatColumns:
         return self.records.features()
 
     def encode(self, table: pa.Table, where: list[str]) -> list[Result]:
+        if self.records.flat is not None:  # ChatML, byte-level: from the Arrow buffers (records/chat_flat.py)
+            return self.records.flat.encode_table(table, where)
         return self.records.encode_many(table.select(self.names).to_pylist(), where)  # type: ignore[return-value]
