@@ -84,30 +84,55 @@ class FlatChatML:
                             np.asarray(roles, np.int64), np.cumsum(lengths) - lengths, lengths, data, special)
 
     def encode_table(self, table: pa.Table, wheres: Sequence[str]) -> list:
-        """A Parquet piece's rows, read from its Arrow buffers (a `messages` column of {role, content} strings)."""
-        column = table.column(self.fields[0]) if self.fields == ("messages",) else None
-        kind = column.type if column is not None else None
-        if (kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind))
-                or not pa.types.is_struct(kind.value_type)
+        """A Parquet piece's rows, read from its Arrow buffers: a `messages` column of {role, content} strings, or a
+        pair schema's two string columns; columns of other types as Python values."""
+        found = self._table_messages(table) if self.fields == ("messages",) else self._table_pairs(table)
+        if found is None:
+            return self.encode_records(table.select(list(self.fields)).to_pylist(), wheres)
+        return self._encode(_Rows(table, self.fields), wheres, *found)
+
+    def _table_messages(self, table: pa.Table) -> Optional[tuple[np.ndarray, ...]]:
+        """`_encode`'s arrays of a `messages` column's rows whose messages all fit (None: not {role, content} strings)."""
+        column = table.column(self.fields[0])
+        kind = column.type
+        if (not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type)
                 or any(kind.value_type.get_field_index(name) < 0 or kind.value_type.field(name).type not in _STRINGS
                        for name in ("role", "content"))):
-            return self.encode_records(table.select(list(self.fields)).to_pylist(), wheres)
+            return None
         lists = column.combine_chunks()
         counts = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         messages = pc.list_flatten(lists)
-        roles = pc.struct_field(messages, "role")
         contents = pc.struct_field(messages, "content")
-        codes = pc.index_in(roles, value_set=pa.array(ROLES)).fill_null(-1).to_numpy(zero_copy_only=False)
+        codes = pc.index_in(pc.struct_field(messages, "role"), value_set=pa.array(ROLES)).fill_null(-1).to_numpy(
+            zero_copy_only=False)
         bad = (codes < 0) | ~_valid(messages) | ~_valid(contents)
-        special = np.zeros(len(contents), bool)
-        for token in self.specials:
-            special |= pc.match_substring(contents, token).fill_null(False).to_numpy(zero_copy_only=False)
-        offsets = _offsets(contents)
-        data = _data(contents)
         rows = np.flatnonzero(_valid(lists) & (counts > 0) & (_per_row(bad, counts) == 0))
         keep = np.repeat(np.isin(np.arange(len(counts)), rows), counts)
-        return self._encode(_Rows(table, self.fields), wheres, rows, counts[rows], codes[keep].astype(np.int64),
-                            offsets[:-1][keep], (offsets[1:] - offsets[:-1])[keep], data, special[keep])
+        offsets = _offsets(contents)
+        return (rows, counts[rows], codes[keep].astype(np.int64), offsets[:-1][keep], np.diff(offsets)[keep],
+                _data(contents), self._special(contents)[keep])
+
+    def _table_pairs(self, table: pa.Table) -> Optional[tuple[np.ndarray, ...]]:
+        """`_encode`'s arrays of a pair schema's rows with both strings (None: its columns are not strings)."""
+        columns = [table.column(name).combine_chunks() for name in self.fields]
+        if any(column.type not in _STRINGS for column in columns):
+            return None
+        rows = np.flatnonzero(_valid(columns[0]) & _valid(columns[1]))
+        buffers = [_data(column) for column in columns]
+        shifts = (0, len(buffers[0]))  # the answers' bytes follow the prompts' in one buffer
+        offsets = [_offsets(column) for column in columns]
+        begins = np.stack([found[:-1][rows] + shift for found, shift in zip(offsets, shifts)], axis=1).ravel()
+        lengths = np.stack([np.diff(found)[rows] for found in offsets], axis=1).ravel()
+        special = np.stack([self._special(column)[rows] for column in columns], axis=1).ravel()
+        roles = np.tile(np.array([_USER, _ASSISTANT], np.int64), len(rows))
+        return rows, np.full(len(rows), 2, np.int64), roles, begins, lengths, np.concatenate(buffers), special
+
+    def _special(self, strings: pa.Array) -> np.ndarray:
+        """Which strings hold a special token's text."""
+        found = np.zeros(len(strings), bool)
+        for token in self.specials:
+            found |= pc.match_substring(strings, token).fill_null(False).to_numpy(zero_copy_only=False)
+        return found
 
     # --- the arrays --------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ encoded as `tokens` + `loss_weights` records.
 The schema's columns (`messages`, or `prompt`/`completion`, or `question`/`answer`) are read as Python
 values (a `messages` column is a list of structs) and each row goes through the same `ChatRecords` as a JSON
 line, so the two inputs give the same records for the same conversation; with ChatML and the byte-level
-tokenizer a `messages` column is read from its Arrow buffers instead (records/chat_flat.py, the same records).
+tokenizer the columns are read from their Arrow buffers instead (records/chat_flat.py, the same records).
 """
 from __future__ import annotations
 
