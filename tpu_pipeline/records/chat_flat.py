@@ -106,8 +106,8 @@ class FlatChatML:
         codes = pc.index_in(pc.struct_field(messages, "role"), value_set=pa.array(ROLES)).fill_null(-1).to_numpy(
             zero_copy_only=False)
         bad = (codes < 0) | ~_valid(messages) | ~_valid(contents)
-        rows = np.flatnonzero(_valid(lists) & (counts > 0) & (_per_row(bad, counts) == 0))
-        keep = np.repeat(np.isin(np.arange(len(counts)), rows), counts)
+        fits = _valid(lists) & (counts > 0) & (_per_row(bad, counts) == 0)
+        rows, keep = np.flatnonzero(fits), np.repeat(fits, counts)
         offsets = _offsets(contents)
         return (rows, counts[rows], codes[keep].astype(np.int64), offsets[:-1][keep], np.diff(offsets)[keep],
                 _data(contents), self._special(contents)[keep])
