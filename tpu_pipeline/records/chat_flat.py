@@ -16,7 +16,7 @@ there). tests/test_chat_flat.py checks that both paths write the same bytes.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -80,8 +80,9 @@ class FlatChatML:
             while at >= 0:
                 special[np.searchsorted(message_starts, at, side="right") - 1] = True
                 at = joined.find(token, at + 1)
-        return self._encode(records, wheres, np.asarray(fits, np.int64), np.asarray(counts, np.int64),
-                            np.asarray(roles, np.int64), np.cumsum(lengths) - lengths, lengths, data, special)
+        return self._encode(lambda rows: [records[i] for i in rows], wheres, np.asarray(fits, np.int64),
+                            np.asarray(counts, np.int64), np.asarray(roles, np.int64), np.cumsum(lengths) - lengths,
+                            lengths, data, special)
 
     def encode_table(self, table: pa.Table, wheres: Sequence[str]) -> list:
         """A Parquet piece's rows, read from its Arrow buffers: a `messages` column of {role, content} strings, or a
@@ -89,10 +90,12 @@ class FlatChatML:
         found = self._table_messages(table) if self.fields == ("messages",) else self._table_pairs(table)
         if found is None:
             return self.encode_records(table.select(list(self.fields)).to_pylist(), wheres)
-        return self._encode(_Rows(table, self.fields), wheres, *found)
+        selected = table.select(list(self.fields))
+        return self._encode(lambda rows: selected.take(pa.array(rows, pa.int64())).to_pylist(), wheres, *found)
 
     def _table_messages(self, table: pa.Table) -> Optional[tuple[np.ndarray, ...]]:
-        """`_encode`'s arrays of a `messages` column's rows whose messages all fit (None: not {role, content} strings)."""
+        """`_encode`'s arrays of a `messages` column's rows whose messages all fit (None: not {role, content}
+        strings)."""
         column = table.column(self.fields[0])
         kind = column.type
         if (not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type)
@@ -158,14 +161,13 @@ class FlatChatML:
             return None
         return [(_USER, prompt), (_ASSISTANT, answer)]
 
-    def _encode(self, records: Any, wheres: Sequence[str], fits: np.ndarray, counts: np.ndarray, roles: np.ndarray,
-                begins: np.ndarray, lengths: np.ndarray, data: np.ndarray, special: np.ndarray) -> list:
+    def _encode(self, take: Callable[[np.ndarray], list], wheres: Sequence[str], fits: np.ndarray, counts: np.ndarray,
+                roles: np.ndarray, begins: np.ndarray, lengths: np.ndarray, data: np.ndarray,
+                special: np.ndarray) -> list:
         """Every record's result: those of rows `fits` (their messages' roles, and contents data[begins, +lengths),
-        `counts` a row) from the arrays, unless one of its contents holds a special token; the rest record by record."""
-        if self.need_answer and len(fits):
-            answered = _per_row(roles == _ASSISTANT, counts) > 0
-        else:
-            answered = np.ones(len(fits), bool)
+        `counts` a row) from the arrays, unless one of its contents holds a special token; the rest record by record
+        (`take(rows)`: those records as Python values)."""
+        answered = _per_row(roles == _ASSISTANT, counts) > 0 if self.need_answer else np.ones(len(fits), bool)
         clean = answered & (_per_row(special, counts) == 0)
         if not clean.all():
             keep = np.repeat(clean, counts)
@@ -174,16 +176,14 @@ class FlatChatML:
         out: list = [(None, None)] * len(wheres)
         others = np.setdiff1d(np.arange(len(wheres)), fits)
         if others.size:
-            rows = records.take(others) if isinstance(records, _Rows) else [records[i] for i in others]
-            for row, result in zip(others.tolist(), self.records.encode_rows(rows, [wheres[i] for i in others])):
+            results = self.records.encode_rows(take(others), [wheres[i] for i in others])
+            for row, result in zip(others.tolist(), results):
                 out[row] = result
         if not fits.size:
             return out
 
         def one_by_one(k: int) -> Any:  # an over-long conversation: shortened (or dropped) record by record
-            row = int(fits[k])
-            record = records.take(np.array([row]))[0] if isinstance(records, _Rows) else records[row]
-            return self.records.encode_rows([record], [wheres[row]])[0]
+            return self.records.encode_rows(take(fits[k:k + 1]), [wheres[int(fits[k])]])[0]
 
         return self.records.finish(out, fits.tolist(), self._arrays(counts, roles, begins, lengths, data), wheres,
                                    one_by_one)
@@ -215,16 +215,6 @@ class FlatChatML:
         weights[end_of_turn[answer]] = 1
         bounds = np.concatenate([[0], ends[np.cumsum(counts) - 1]]).astype(np.int64)
         return ids, weights, bounds
-
-
-class _Rows:
-    """A piece's rows, taken as Python values only for the ones that go record by record."""
-
-    def __init__(self, table: pa.Table, fields: Sequence[str]) -> None:
-        self.table, self.fields = table, list(fields)
-
-    def take(self, rows: np.ndarray) -> list:
-        return self.table.select(self.fields).take(pa.array(rows, pa.int64())).to_pylist()
 
 
 def _per_row(flags: np.ndarray, counts: np.ndarray) -> np.ndarray:
