@@ -15,6 +15,9 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import pytest  # noqa: E402
 
 import tpu_pipeline  # noqa: E402,F401  (first: under the TPU TensorFlow with no TPU here, TF must start without libtpu)
+from tpu_pipeline.system import fewer_collections  # noqa: E402
+
+fewer_collections()  # the CLI's garbage-collector thresholds: a worker traces graphs all day (tpu_pipeline/system.py)
 import tensorflow as tf  # noqa: E402
 
 if os.environ.get("TPU_PIPELINE_TEST_FORK_SERVER", "1") != "0":

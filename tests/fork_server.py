@@ -21,6 +21,9 @@ What a fresh interpreter would differ in, and how it is kept:
 - TensorFlow finds the machine's devices once per process, before its first op (the TPU build waits 4 s
   there for a TPU platform): the server finds them, and the children inherit the answer
   (`_find_devices_once`), except at TF_CPP_MIN_LOG_LEVEL=0, whose INFO lines from that lookup are the child's.
+- The garbage collector's thresholds are our CLI's (`tpu_pipeline.system.fewer_collections`) for every
+  child, a `tests/*_child.py` script too, which a fresh interpreter would run with CPython's: they change
+  when cycles are freed, never a result.
 - The exit status reaches the test through the server (the child is the server's), so `Popen.wait`,
   `poll` and `communicate` read it from the request's socket.
 
@@ -68,6 +71,9 @@ def serve(address: str) -> dict:
     import importlib
 
     import tpu_pipeline  # noqa: F401  (first, as in our CLI: it decides whether TensorFlow may load libtpu)
+    from tpu_pipeline.system import fewer_collections
+
+    fewer_collections()  # as our CLI does first; a script child (tests/*_child.py) gets them too
 
     for module in PRELOADED + (("tf_keras",) if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true") else ()):
         importlib.import_module(module)

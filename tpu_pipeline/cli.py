@@ -12,6 +12,9 @@ import os
 import sys
 from typing import Any, Sequence
 
+from tpu_pipeline.system import fewer_collections  # imports neither TensorFlow nor the rest of ours
+
+fewer_collections()  # before TensorFlow's import, its first million objects (tpu_pipeline/system.py)
 _USER_SET_TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL" in os.environ
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
