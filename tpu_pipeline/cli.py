@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from tpu_pipeline.system import fewer_collections  # imports neither TensorFlow nor the rest of ours
+from tpu_pipeline.system import fewer_collections  # does not import TensorFlow (tests/test_cli_habits.py)
 
 fewer_collections()  # before TensorFlow's import, its first million objects (tpu_pipeline/system.py)
 _USER_SET_TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL" in os.environ
