@@ -13,7 +13,8 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpu_pipeline.pipeline.sequences.chunking import CHUNK, EXAMPLE, chunk_stream, compact, from_parts, spans, window_stream
+from tpu_pipeline.pipeline.sequences.chunking import (CHUNK, EXAMPLE, Rows, chunk_stream, compact, from_parts, spans,
+                                                      window_stream)
 
 pytestmark = pytest.mark.tf_builds
 
@@ -158,6 +159,23 @@ def test_a_long_cut_tail_or_chunks_left_out_on_resume_are_copied_out_of_their_bl
     (parts,) = chunk_stream(blocks_of([document], [1]), list(LENGTHS), LENGTHS, "split", start_chunk=3)
     assert [spans(parts, k)[0].numpy().tolist() for k in LENGTHS] == [[112, 113], []]
     assert as_chunks(from_parts(parts, list(LENGTHS))) == [(0, 3, (112, 113), ())]
+
+
+def test_rows_cut_every_tensor_as_python_slicing_does_in_a_traced_function():
+    """`Rows` (window_stream's cuts) against `t[begin:begin + size]`, for tensors of rank 1 and 2 sharing one cut,
+    an empty cut, and size -1 (to the end), inside a tf.function as tf.data traces it."""
+    vector, matrix = np.arange(7, dtype=np.int64), np.arange(21, dtype=np.int32).reshape(7, 3)
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
+    def cut(begin, size):
+        rows = Rows(begin, size)
+        return rows(tf.constant(vector)), rows(tf.constant(matrix)), rows(tf.constant(vector) * 2)
+
+    for begin, size in ((0, 7), (2, 3), (7, 0), (4, 0), (0, -1), (3, -1)):
+        stop = None if size == -1 else begin + size
+        got = [t.numpy() for t in cut(tf.constant(begin, tf.int64), tf.constant(size, tf.int64))]
+        for out, expected in zip(got, (vector[begin:stop], matrix[begin:stop], vector[begin:stop] * 2)):
+            np.testing.assert_array_equal(out, expected, err_msg=f"begin {begin}, size {size}")
 
 
 def test_compact_copies_the_chunks_out_of_their_gaps():
