@@ -327,14 +327,22 @@ def plan_of(pattern: str, length: int) -> dict:
         return {"window": None, "why": f"{type(error).__name__}: {error}", "parse": "?"}
 
 
+def skipped_names(skip: str, table: dict) -> list[str]:
+    """--skip's names: comma-separated, where a name may hold a comma itself ("pack, batched")."""
+    names = [name for name in table if "," in name and name in skip]
+    for name in names:
+        skip = skip.replace(name, "")
+    return names + [name.strip() for name in skip.split(",") if name.strip()]
+
+
 def bench_workload(workload: str, args: argparse.Namespace, seqio_utils: Any) -> dict:
     name, length = WORKLOADS[workload]
     meta = sequence_workloads.ensure(name, args.cache_dir)
     pattern = os.path.join(meta["dir"], "train-*.tfrecord")
     weighted = os.path.join(sequence_workloads.ensure(name, args.cache_dir, weights=True)["dir"], "train-*.tfrecord")
     table = pipelines(pattern, length, meta["lengths"]["mean"], seqio_utils, weighted)
-    for skipped in filter(None, args.skip.split(",")):
-        table.pop(skipped.strip(), None)
+    for skipped in skipped_names(args.skip, table):
+        table.pop(skipped, None)
     names = list(table)
     result = {"workload": workload, "files": name, "length": length, "stats": meta["lengths"],
               "plan": plan_of(pattern, length), "names": names, "rounds": []}
@@ -513,7 +521,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per pipeline per round")
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds pulled after the first batch, untimed")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--skip", default="", help="comma-separated pipelines to leave out")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated pipelines to leave out (a name with a comma too: \"pack, batched\")")
     parser.add_argument("--cache_dir", default=None)
     parser.add_argument("--json", default=None, help="write every measurement here")
     parser.add_argument("--report", default=None, help="print the tables of a --json file again; measure nothing")
