@@ -19,29 +19,28 @@ import tpu_pipeline  # noqa: E402,F401  (first: under the TPU TensorFlow with no
 from tpu_pipeline.system import fewer_collections, native_stderr_silenced  # noqa: E402
 
 fewer_collections()  # the CLI's garbage-collector thresholds: a worker traces graphs all day (tpu_pipeline/system.py)
+NUM_LOGICAL_CPUS = 8
+
 # TensorFlow's C++ start-up lines (oneDNN, CUDA stubs, cuInit) ignore TF_CPP_MIN_LOG_LEVEL: without this, pytest's
 # own process printed seven of them into the README's test command's output.
 with native_stderr_silenced(not _USER_LOG_LEVEL):
     import tensorflow as tf  # noqa: E402
+
+    _cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        _cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
+    )
+    tf.config.list_logical_devices()  # TensorFlow's context (and its device probing) starts now, while silenced
 
 if os.environ.get("TPU_PIPELINE_TEST_FORK_SERVER", "1") != "0":
     import fork_server  # noqa: E402  (children forked with TensorFlow imported: tests/fork_server.py)
 
     fork_server.install()
 
-NUM_LOGICAL_CPUS = 8
-
 pytest_plugins = [
     "pytester",  # tests/test_testing_plugin.py runs a user's test session
     "suite_rule",  # which tests run under which TensorFlow (tests/suite_rule.py, docs/testing.md)
 ]
-
-with native_stderr_silenced(not _USER_LOG_LEVEL):
-    _cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(
-        _cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
-    )
-    tf.config.list_logical_devices()  # TensorFlow's context (and its device probing) starts now, while silenced
 
 
 @pytest.fixture(autouse=True)
