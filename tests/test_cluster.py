@@ -204,6 +204,34 @@ def test_fresh_process_cpu_split_then_error_after_tf_started():
     assert "before any other TensorFlow op" in out
 
 
+def test_the_first_demo_run_with_cpu_replicas_splits_the_cpu_before_the_demo_data_is_written(tmp_path):
+    """On a fresh machine `tpu-pipeline train cluster.cpu_replicas=8` wrote the demo data (TensorFlow's JPEG
+    encoder) before resolving, and failed: "needs 8 logical CPU devices, but TensorFlow was already initialized
+    with 1". A second run, the data cached, worked. The CLI's config check and `demo_config` split first."""
+    out = _run_fresh(
+        f"""
+        from tpu_pipeline.commands._common import _check_accelerator
+        from tpu_pipeline.cluster import resolve
+        from tpu_pipeline.config.cluster import ClusterConfig
+        from tpu_pipeline.records import ensure_demo_dataset
+        _check_accelerator({{"cluster": {{"cpu_replicas": 2}}}})  # what train and doctor run before the demo data
+        ensure_demo_dataset({str(tmp_path / "cli")!r}, num_train=4, num_eval=2, size=16, num_shards=1)
+        print("cli", resolve(ClusterConfig(cpu_replicas=2)).strategy.num_replicas_in_sync)
+        """
+    )
+    assert "cli 2" in out
+    out = _run_fresh(
+        f"""
+        from tpu_pipeline.cluster import resolve
+        from tpu_pipeline.demo import demo_config
+        config = demo_config(["cluster.cpu_replicas=2"], cache_dir={str(tmp_path / "api")!r}, num_train=4,
+                             num_eval=2, size=16, num_shards=1)
+        print("api", resolve(config.cluster).strategy.num_replicas_in_sync)
+        """
+    )
+    assert "api 2" in out
+
+
 # --------------------------------------------------------------------------------------------
 # TPU, through the seam
 

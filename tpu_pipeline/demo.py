@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Sequence
 
+from tpu_pipeline.cluster.resolver import split_cpu_early
 from tpu_pipeline.config import Config, load_config
+from tpu_pipeline.config.framework import choose_framework
 from tpu_pipeline.records import ensure_demo_dataset
 from tpu_pipeline.records.demo_chat import CHAT_DEMO_DIR, ensure_chat_demo
 from tpu_pipeline.records.demo_text import CODE_DEMO_DIR, TEXT_DEMO_DIR, ensure_code_demo, ensure_text_demo
@@ -20,7 +22,13 @@ def demo_overrides(cache_dir: Optional[str] = None, **dataset_args: int) -> list
 
 
 def demo_config(overrides: Sequence[str] = (), cache_dir: Optional[str] = None, **dataset_args: int) -> Config:
-    """The demo config on the demo data, with your overrides (e.g. 'train.epochs=2') applied last."""
+    """The demo config on the demo data, with your overrides (e.g. 'train.epochs=2') applied last.
+
+    cluster.cpu_replicas > 1 among them splits the CPU first: writing the demo data runs TensorFlow ops,
+    after which the CPU could no longer be split for `train`."""
+    first = load_config(DEMO_CONFIG, list(overrides))
+    if choose_framework(first.model).framework == "tensorflow":
+        split_cpu_early(first.cluster)
     return load_config(DEMO_CONFIG, demo_overrides(cache_dir, **dataset_args) + list(overrides))
 
 

@@ -125,6 +125,26 @@ def _tf_config_kind(config: ClusterConfig, env: Mapping[str, str]) -> Kind:
     return "multi-worker"
 
 
+def split_cpu_early(config: ClusterConfig, *, env: Mapping[str, str] = os.environ,
+                    tpu_backend: tpu_lib.TpuBackend | None = None) -> None:
+    """cluster.cpu_replicas > 1 where `resolve` will choose the CPU: split it now, so that a command's
+    TensorFlow ops before `resolve` (the built-in demo's JPEG encoder, on a fresh machine) do not start
+    TensorFlow with one CPU device. Anything else (a TPU or GPU to look for, a TF_CONFIG, an error in the
+    section) is left to `resolve`, which says it in its own line."""
+    if config.cpu_replicas == 1:
+        return
+    if config.accelerator == "auto":
+        device = (tpu_backend or tpu_lib.DEFAULT_BACKEND).local_tpu_evidence() if config.tpu is None else None
+        if tpu_lib.tpu_candidates(config, env, device)[0] or tf.config.list_physical_devices("GPU"):
+            return
+    try:
+        kind = choose_kind(config, env, num_gpus=0)
+    except ClusterError:
+        return
+    if kind == "cpu":
+        logical_cpus(config.cpu_replicas)
+
+
 def choose_kind(config: ClusterConfig, env: Mapping[str, str], *, num_gpus: int) -> Kind:
     """Which non-TPU strategy to build (called once no TPU was chosen). Pure: builds nothing.
 

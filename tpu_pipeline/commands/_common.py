@@ -54,10 +54,11 @@ def load(overrides: Sequence[str], check_accelerator: bool = False) -> Config:
 
 def _check_accelerator(raw: dict[str, Any]) -> None:
     """The resolver's dead end (a TPU here this TensorFlow cannot drive) before the demo data is written or a
-    pipeline measured. A malformed `cluster` section is left to the config's own one-line error."""
+    pipeline measured, and the CPU split into cluster.cpu_replicas devices before the demo's first TensorFlow
+    op. A malformed `cluster` section is left to the config's own one-line error."""
     from pydantic import ValidationError
 
-    from tpu_pipeline.cluster.resolver import check_tpu_stack
+    from tpu_pipeline.cluster.resolver import check_tpu_stack, split_cpu_early
     from tpu_pipeline.config.cluster import ClusterConfig
 
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
@@ -69,3 +70,4 @@ def _check_accelerator(raw: dict[str, Any]) -> None:
     except ValidationError:
         return
     check_tpu_stack(cluster)
+    split_cpu_early(cluster)
