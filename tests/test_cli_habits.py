@@ -86,7 +86,7 @@ def test_a_missing_dataset_directory_says_how_to_create_it(tmp_path):
         config = load_config(base={"data": {"source": {"type": "tfrecord", "dir": directory}, "batch_size": 4}})
         Pipeline.from_config(config.data)
 
-    with pytest.raises(DataError, match=r"does not exist; create it with `tpu-pipeline convert --from text\|parquet\|hf\|image-folder\|csv"):
+    with pytest.raises(DataError, match=r"does not exist; create it with `tpu-pipeline convert --from text\|chat\|parquet\|hf\|image-folder\|csv"):
         build(str(tmp_path / "flowers"))
     with pytest.raises(DataError, match=r"built-in demo data, which `tpu-pipeline demo` .* writes on first use"):
         build(str(tmp_path / "demo_shapes" / "v1"))
@@ -218,3 +218,12 @@ def test_the_command_runs_with_fewer_garbage_collections_before_tensorflow_start
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == [*str(COLLECTION_THRESHOLDS).split(), "False"], result.stdout
+
+
+def test_the_missing_data_line_names_every_source_convert_takes():
+    """A data.source.dir that does not exist is answered with the `convert --from` to run; its list of inputs
+    left out `chat` when chat conversion came. It is kept beside the flag's own choices here."""
+    from tpu_pipeline.commands.convert import SOURCES
+    from tpu_pipeline.format.metadata import CONVERT_SOURCES
+
+    assert sorted(CONVERT_SOURCES.split("|")) == sorted(SOURCES)

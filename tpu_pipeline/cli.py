@@ -37,7 +37,7 @@ flags.DEFINE_string("params_override", None, "a YAML mapping, or a .yaml file, l
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tpu_pipeline.commands.demo", "build the demo input pipeline and print its throughput"),
     "train": ("tpu_pipeline.commands.train", "train and evaluate a model from a config (the main job)"),
-    "convert": ("tpu_pipeline.commands.convert", "convert an image folder, CSV/NumPy, a TFDS dataset or text (token ids) to TFRecord shards"),
+    "convert": ("tpu_pipeline.commands.convert", "convert images, CSV/NumPy, TFDS, Parquet/HF, text or chat data to TFRecord shards"),
     "bench": ("tpu_pipeline.commands.bench", "measure one input pipeline: examples/s, CPU per example, ceilings"),
     "doctor": ("tpu_pipeline.commands.doctor", "measure each stage, name the bottleneck, propose a tuned config"),
     "verify": ("tpu_pipeline.commands.verify", "read every record once and list damaged or misfitting ones (exit 1 if any)"),

@@ -8,7 +8,7 @@
     tpu-pipeline convert --from parquet path/to/dataset --text_field text --out ds/     # the hub's Parquet layout
     tpu-pipeline convert --from parquet path/to/dataset --image_field image --label_field label --out ds/
     tpu-pipeline convert --from hf path/to/saved_dataset --text_field text --out ds/     # datasets' save_to_disk
-    tpu-pipeline convert --from chat chats.jsonl --out ds/ [--chat_template chatml|gemma|tokenizer_config.json] \
+    tpu-pipeline convert --from chat chats.jsonl --out ds/ [--chat_template chatml|gemma|tokenizer_config.json] \\
         [--tokenizer hf:tokenizer.json] [--max_conversation_tokens 2048]   # or a Parquet / save_to_disk folder
 
 --from parquet and --from hf take the splits from the layout (data/train-00000-of-00004.parquet, a split

@@ -37,7 +37,7 @@ def write_metadata(out_dir: str, metadata: Mapping[str, Any]) -> str:
     return path
 
 
-CONVERT_SOURCES = "text|parquet|hf|image-folder|csv|numpy|tfds"  # what `tpu-pipeline convert --from` takes
+CONVERT_SOURCES = "text|chat|parquet|hf|image-folder|csv|numpy|tfds"  # what `tpu-pipeline convert --from` takes
 
 
 def read_metadata(out_dir: str) -> Optional[dict[str, Any]]:
