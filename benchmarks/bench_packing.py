@@ -247,7 +247,7 @@ def main() -> None:
     args = parser.parse_args()
     seqio_utils = import_seqio_utils()
     if seqio_utils is None:
-        print("seqio is not installed (.venv/bin/python -m pip install --no-deps seqio): no seqio column")
+        print(f"seqio is not installed ({sys.executable} -m pip install --no-deps seqio): no seqio column")
     windows = [int(w) for w in args.windows.split(",")]
     print(f"TF {tf.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for name in args.workloads.split(","):

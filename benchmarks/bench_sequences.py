@@ -541,7 +541,7 @@ def main() -> None:
         return
     seqio_utils = import_seqio_utils()
     if seqio_utils is None:
-        print("seqio is not installed (.venv/bin/python -m pip install --no-deps seqio): no seqio column")
+        print(f"seqio is not installed ({sys.executable} -m pip install --no-deps seqio): no seqio column")
     print(f"TF {tf.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
           f"{args.rounds} rounds, {args.warmup} s warm-up + ~{args.seconds} s timed per pipeline per round")
     results = []

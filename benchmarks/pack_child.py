@@ -47,7 +47,7 @@ def seqio(files: str, length: int, batch: int) -> tf.data.Dataset:
 
     utils = bench_sequences.import_seqio_utils()
     if utils is None:
-        raise SystemExit("seqio is not installed: .venv/bin/python -m pip install --no-deps seqio")
+        raise SystemExit(f"seqio is not installed: {sys.executable} -m pip install --no-deps seqio")
     return bench_sequences.seqio_pack(utils, files, length, batch)
 
 
