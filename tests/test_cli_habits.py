@@ -227,3 +227,23 @@ def test_the_missing_data_line_names_every_source_convert_takes():
     from tpu_pipeline.format.metadata import CONVERT_SOURCES
 
     assert sorted(CONVERT_SOURCES.split("|")) == sorted(SOURCES)
+
+
+def test_our_own_warnings_read_as_plain_lines_and_others_keep_where_they_came_from():
+    """`convert` warned in absl's glog form (`W1130 17:18:07.598663 140367850367872 convert.py:211] Split 'train'
+    has only 3 examples...`), which a user reads as TensorFlow's noise; ours now read `warning: ...`."""
+    import logging
+
+    from tpu_pipeline.cli import _PlainOwnLines
+
+    def record(path: str, level: int, message: str) -> logging.LogRecord:
+        return logging.LogRecord("absl", level, path, 211, message, None, None)
+
+    glog = logging.Formatter("%(levelname).1s glog %(filename)s:%(lineno)d] %(message)s")
+    plain = _PlainOwnLines(glog).format
+    ours = "/work/tpu_pipeline/records/convert.py"
+    assert plain(record(ours, logging.WARNING, "Split 'train' has only 3 examples")) == \
+        "warning: Split 'train' has only 3 examples"
+    assert plain(record(ours, logging.INFO, "wrote 3 shard(s)")) == "wrote 3 shard(s)"
+    assert plain(record(ours, logging.ERROR, "x")) == "E glog convert.py:211] x"
+    assert plain(record("/venv/site-packages/tensorflow/x.py", logging.WARNING, "y")) == "W glog x.py:211] y"

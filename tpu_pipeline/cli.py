@@ -67,18 +67,21 @@ class _OthersInfoFilter(logging.Filter):
         return record.levelno >= logging.WARNING or not any(p in path for p in ("/tensorflow/", "/tf_keras/", "/keras/", "/jax/", "/jaxlib/"))
 
 
-class _PlainOwnInfo(logging.Formatter):
-    """Our own INFO lines as plain text, like the printed ones around them; absl formats them in glog form
-    (`I1128 08:36:38.565674 140286317771648 builder.py:138] model ...`), which a user reads as TensorFlow's.
-    Everything else keeps absl's form, which says where a warning came from."""
+class _PlainOwnLines(logging.Formatter):
+    """Our own INFO lines as plain text, like the printed ones around them, and our own warnings as
+    `warning: ...`; absl formats both in glog form (`W1130 17:18:07.598663 140367850367872 convert.py:211] ...`),
+    which a user reads as TensorFlow's. Everything else keeps absl's form, which says where it came from."""
 
     def __init__(self, fallback: logging.Formatter) -> None:
         super().__init__()
         self.fallback = fallback
 
     def format(self, record: logging.LogRecord) -> str:
-        if record.levelno == logging.INFO and "/tpu_pipeline/" in record.pathname.replace(os.sep, "/"):
-            return record.getMessage()
+        if "/tpu_pipeline/" in record.pathname.replace(os.sep, "/"):
+            if record.levelno == logging.INFO:
+                return record.getMessage()
+            if record.levelno == logging.WARNING:
+                return f"warning: {record.getMessage()}"
         return self.fallback.format(record)
 
 
@@ -187,7 +190,7 @@ def _main(argv: list[str]) -> None:
 
     def run(args: Sequence[str]) -> None:
         handler = absl_logging.get_absl_handler()
-        handler.setFormatter(_PlainOwnInfo(handler.python_handler.formatter))
+        handler.setFormatter(_PlainOwnLines(handler.python_handler.formatter))
         if not verbose:
             handler.addFilter(_OthersInfoFilter())
         try:
