@@ -263,3 +263,24 @@ def test_bucket_mode_passes_the_tpu_check_with_advice_and_ragged_without_sequenc
     problems = str(error.value).splitlines()[1:]
     assert len(problems) == 1 and "feature 'tokens' is RaggedTensorSpec" in problems[0], problems
     assert "data.sequence: {keys: [tokens], length: N, mode: pad|bucket|pack}" in problems[0]
+
+
+def test_a_progress_line_whose_steps_read_no_new_batch_says_so_rather_than_zero_tokens():
+    """Keras 3 on JAX reads batches ahead of its steps, so the steps of a first progress line could take only
+    batches read before them: the line said "0 tokens/s, non-padding 0.000", a figure of nothing measured."""
+    import types
+
+    from tpu_pipeline.train.callbacks import ProgressLogger
+
+    meter = types.SimpleNamespace(real=tf.Variable(0, dtype=tf.int64), slots=tf.Variable(0, dtype=tf.int64))
+    lines = []
+    logger = ProgressLogger(global_batch_size=16, every=2, tokens=meter, printer=lines.append)
+    logger.model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=tf.Variable(0, dtype=tf.int64)))
+    logger.on_train_begin()
+    for step, (real, slots) in enumerate([(3000, 4096), (3000, 4096), (3000, 4096), (5000, 8192), (8000, 12288)], 1):
+        logger.on_train_batch_begin(step)
+        meter.real.assign(real), meter.slots.assign(slots)  # read ahead: steps 2 and 3 read nothing new
+        logger.model.optimizer.iterations.assign(step)
+        logger.on_train_batch_end(step)
+    assert "tokens/s not counted yet: these steps' batches were read ahead" in lines[0] and "0.000" not in lines[0]
+    assert "tokens/s, non-padding 0.488" in lines[1]  # steps 3-4: (5000 - 3000) / (8192 - 4096)

@@ -133,8 +133,10 @@ class ProgressLogger(tf_keras.callbacks.Callback):
             return "no rate yet: the first step of a run holds tracing and compilation, and is not timed"
         if self.tokens is None:
             rate = f"{steps * self.global_batch_size / seconds:,.0f} examples/s"
+        elif slots == 0:  # Keras 3 on JAX reads batches ahead of its steps: they came before these (counted there)
+            rate = "tokens/s not counted yet: these steps' batches were read ahead, before them"
         else:
-            rate = f"{real / seconds:,.0f} tokens/s, non-padding {real / max(slots, 1):.3f}"
+            rate = f"{real / seconds:,.0f} tokens/s, non-padding {real / slots:.3f}"
         return f"{rate} | waiting for input {100 * wait / seconds:.0f}% of step time"
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
