@@ -138,7 +138,8 @@ def train_config(data_dir: str, run_dir: str) -> dict:
     }
 
 
-def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_exactly_on_four(tmp_path):
+def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_exactly_on_four_at_half_the_batch(
+        tmp_path):
     from tpu_pipeline.records.demo_shapes import ensure_demo_dataset
 
     data_dir = ensure_demo_dataset(str(tmp_path / "data"), num_train=512, num_eval=64, size=16, num_shards=8)
@@ -147,7 +148,7 @@ def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_e
     config_path = str(tmp_path / "config.json")
     json.dump(train_config(data_dir, run_dir), open(config_path, "w"))
     command = [sys.executable, CHILD, "train", config_path, out_dir]
-    steps, length = 4 * (512 // 64), 512
+    length = 512
     rng = random.Random(7)
     for kill in range(5):
         target = max_step(out_dir) + rng.randint(1, 3)
@@ -162,25 +163,34 @@ def test_train_on_eight_replicas_killed_five_times_and_terminated_once_resumes_e
     sigterm_step = int(stopped[0].split()[5])
     assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{sigterm_step}.index"))
 
-    # The rest on 4 replicas (a smaller slice of one host): the global batch stays, so the host's place does.
+    # The rest on 4 replicas (a smaller slice of one host) with half the global batch, as a user keeping each
+    # replica's: the run goes on by examples trained (step x 2), from the same example (issue 51, item 2).
     four = str(tmp_path / "four.json")
-    json.dump({**train_config(data_dir, run_dir), "cluster": {"cpu_replicas": 4}}, open(four, "w"))
+    config = train_config(data_dir, run_dir)
+    config["data"]["batch_size"] = 32
+    json.dump({**config, "cluster": {"cpu_replicas": 4}, "train": {**config["train"], "allow_changes": ["data.batch_size"]}},
+              open(four, "w"))
     final = subprocess.run([sys.executable, CHILD, "train", four, out_dir], cwd=REPO, env=ENV, capture_output=True,
                            text=True, timeout=300)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     assert "4 replicas on 1 host" in final.stdout, final.stdout[-3000:]
-    assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{sigterm_step}')}: step {sigterm_step}" in final.stdout
+    rebased, steps = 2 * sigterm_step, 4 * (512 // 32)
+    assert (f"data.batch_size 64 -> 32: the run goes on by examples trained, {64 * sigterm_step:,}: step {sigterm_step} "
+            f"-> {rebased}") in final.stdout, final.stdout[-3000:]
+    assert f"resumed from {os.path.join(run_dir, 'checkpoints', f'ckpt-{sigterm_step}')}: step {rebased}" in final.stdout
+    assert f"continue from example {64 * sigterm_step:,} of the training stream" in final.stdout
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
-    assert metrics["resumed_from_step"] == sigterm_step and metrics["steps"] == steps
+    assert metrics["resumed_from_step"] == rebased and metrics["steps"] == steps
     assert metrics["history"]["epoch"] == [1, 2, 3, 4], metrics["history"]  # every epoch, across 7 processes
 
     log = read_log(out_dir)
-    assert sorted({step for step, _ in log}) == list(range(steps))
-    assert all(len(log[(step, replica)]) == 16 for step in range(sigterm_step, steps) for replica in range(4))
-    stream = [i for step in range(steps) for replica in range(8) for i in log.get((step, replica), [])]
+    assert sorted({step for step, _ in log}) == list(range(sigterm_step)) + list(range(rebased, steps))
+    assert all(len(log[(step, replica)]) == 8 for step in range(rebased, steps) for replica in range(4))
+    stream = [i for step in sorted({step for step, _ in log}) for replica in range(8) for i in log.get((step, replica), [])]
     assert_exact_epochs([stream], length, 512)
 
-    again = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    again = subprocess.run([sys.executable, CHILD, "train", four, out_dir], cwd=REPO, env=ENV, capture_output=True,
+                           text=True, timeout=300)
     assert again.returncode == 0 and "run already complete" in again.stdout
     assert "could not be found" not in again.stdout + again.stderr
 

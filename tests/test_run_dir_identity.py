@@ -234,3 +234,38 @@ def test_a_run_resumes_only_what_it_was_started_with(shapes, tmp_path):
                                                                "train.epochs=4"))
     back = train(shapes, run_dir, "train.epochs=5")
     assert back.returncode == 2 and "data.source.split 'validation' -> 'train'" in back.stderr, back.stderr[-3000:]
+
+
+def test_another_global_batch_goes_on_by_examples_and_one_that_splits_a_batch_is_refused_in_one_line():
+    """Issue 51 item 2: with data.batch_size changed (train.allow_changes), the step is rebased to the examples
+    trained: the input, the epochs and the learning-rate schedule go on from the same example. A step count
+    whose examples are no whole number of the new batches cannot, and says which batches can."""
+    from tpu_pipeline.train.batch_change import rebased_step
+
+    assert rebased_step(5, 64, 32, "runs/a", "ckpt-5") == 10  # a slice half the size, each chip's batch kept
+    assert rebased_step(6, 64, 128, "runs/a", "ckpt-6") == 3
+    with pytest.raises(ConfigError) as refused:
+        rebased_step(5, 64, 128, "runs/a", "runs/a/checkpoints/ckpt-5")
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith("train.run_dir=runs/a: runs/a/checkpoints/ckpt-5 trained 320 examples (5 steps of 64), "
+                           "which is not a whole number of batches of data.batch_size=128")
+    assert "(the nearest: 64, 80, 160)" in line and "train on with data.batch_size=64 to a step where 128 does" in line
+
+
+def test_a_rebased_layout_keeps_every_place_and_the_rest_being_dealt():
+    """The saved layout of an example stream is rebased with the step, its places and a remainder still being
+    dealt to the hosts kept; a checkpoint from before layouts were saved gets its places from the old batch."""
+    import tensorflow as tf
+
+    from tpu_pipeline.pipeline.core.remainder import Layout, Remainder
+    from tpu_pipeline.train.example_layout import ExampleLayout
+
+    layout = ExampleLayout.__new__(ExampleLayout)
+    dealing = Layout((448, 512), 7, Remainder((700, 640), 512, taken=96))
+    layout.saved = tf.Variable(json.dumps(dealing.to_json()))
+    layout.rebase(7, 14, 64)
+    assert Layout.from_json(json.loads(layout.saved.numpy().decode())) == Layout((448, 512), 14, dealing.remainder)
+    layout.saved.assign(json.dumps(Layout((0, 0)).to_json()))  # as saved before the run's first layout
+    layout.rebase(5, 10, 64)
+    assert Layout.from_json(json.loads(layout.saved.numpy().decode())) == Layout((160, 160), 10)

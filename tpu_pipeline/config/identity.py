@@ -10,7 +10,8 @@ unless `train.allow_changes` names it (or a section above it, such as `data`):
 - the sequence shape: `data.sequence.keys`, `.length`, `.mode` (or none);
 - the global batch: `data.batch_size`. The input position of a resumed run is its step × the global
   batch, and train.steps_per_epoch (by default) and the learning-rate schedule's length are counted in
-  such steps, so with another batch size the interrupted data epoch would continue at another example;
+  such steps. Accepted by train.allow_changes, the run goes on by examples trained: its step is rebased
+  to them (`train/batch_change.py`);
 - the model: `model.framework` when it is jax (a JAX checkpoint holds its weights by Keras 3 path), `model.keras`, what builds it (`model.architecture` and its section's shape keys, or
   `model.fn`, or `model.application`), `model.optimizer.name` (its slots are in the checkpoint);
 - the task and its width: `train.task`, `train.num_classes`.

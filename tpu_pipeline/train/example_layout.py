@@ -11,6 +11,7 @@ from the checkpoint and the step, so nothing is exchanged between workers before
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Optional
@@ -76,6 +77,14 @@ class ExampleLayout(tf.Module):
                        saved.dealt_to(count, self._length(saved.hosts, run_dir), self._length(count, run_dir)))
         return self._describe(step, run_dir)
 
+    def rebase(self, step: int, rebased: int, was_batch: int) -> None:
+        """The saved layout of global step `step` made that of `rebased`, this run's step for the same examples
+        (a resume with another global batch, `was_batch` before: `batch_change`)."""
+        saved = Layout.from_json(json.loads(self.saved.numpy().decode()))
+        if saved.step != step:  # a checkpoint from before layouts were saved: its places from the step
+            saved = Layout((step * was_batch // saved.hosts,) * saved.hosts, step)
+        self.saved.assign(json.dumps(dataclasses.replace(saved, step=rebased).to_json()))
+
     def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
         """Input pipeline `context`'s stream from global step `step` on: from its place in the layout (its
         share of an old layout's remainder first, if it has one)."""
@@ -90,7 +99,7 @@ class ExampleLayout(tf.Module):
         """Where the input resumes: the old layout's rest dealt, or each pipeline's own place."""
         was, now, remainder = self._was, self.layout, self.layout.remainder
         if remainder is None and was.hosts == now.hosts:
-            return f"the input pipelines continue from example {step * self._pipeline.global_batch_size():,} of the training stream"
+            return f"the input pipelines continue from example {sum(now.examples):,} of the training stream"
         replicas = self._cluster.num_replicas
         head = (f"this run has {hosts(now.hosts)} ({replicas} replica{'s' if replicas != 1 else ''}), the checkpoint "
                 f"{hosts(was.hosts)}: " if was.hosts != now.hosts else "")

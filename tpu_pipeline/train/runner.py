@@ -39,7 +39,7 @@ from tpu_pipeline.pipeline.data_errors import DATA_ERRORS as _DATA_ERRORS, named
 from tpu_pipeline.pipeline.mixtures.mixture_check import check_training_mixture
 from tpu_pipeline.pipeline.mixtures.share_meter import shares_line, with_source_meter
 from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
-from tpu_pipeline.train import started_with
+from tpu_pipeline.train import batch_change, started_with
 from tpu_pipeline.train.cadence import Cadence, TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import EvaluationProgress, PreemptionStop, ProgressLogger, StepTracker, TrainState
 from tpu_pipeline.train.example_layout import LAYOUT_KEY, ExampleLayout
@@ -100,8 +100,7 @@ def num_classes(config: Config, pipeline: Pipeline) -> int:
 
 
 def _training_data(config: Config) -> DataConfig:
-    """Training needs an endless stream (Keras counts epochs by steps_per_epoch). Said only to a user who set
-    data.repeat: its default (1) is for evaluation and `bench`, and a line about a key nobody set misleads."""
+    """An endless stream (Keras counts epochs by steps); said only to a user who set data.repeat (default 1)."""
     if config.data.repeat != "forever":
         if "repeat" in config.data.model_fields_set:
             logging.info("data.repeat=%s: training repeats the data forever; epochs are train.steps_per_epoch long",
@@ -240,7 +239,8 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             ) from None
         held.after_restore()
         started_with_now.assign(json.dumps(started_with.record(config, cluster.num_hosts)))  # an accepted change is what goes on
-        resumed_from = int(model.optimizer.iterations.numpy())
+        resumed_from = batch_change.go_on_by_examples(latest, config, model, steps, layout, lambda was: (
+            config.train.steps_per_epoch or full_batches(train_pipeline, was, "data", "steps")), printer)
         finished = read_metrics(run_dir) if resumed_from >= total_steps else None
         if finished is not None and PREEMPTED_KEY not in finished:  # a SIGTERM's metrics lack the evaluation
             # Nothing to train: the optimizer's slots are never built, so their saved values stay
