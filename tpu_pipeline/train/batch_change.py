@@ -8,7 +8,7 @@ So the step is rebased: examples trained so far / the new batch. The input goes 
 schedule (laid out in epochs of the new batch's steps) at the same point, and the epoch count with it.
 
 Where that is not a whole number of new batches, the resume is refused in one line: a step's worth of the
-input could not be placed exactly. Packed and bucketed streams count rows, with the same rule.
+input could not be placed exactly. A packed stream counts rows, with the same rule.
 """
 from __future__ import annotations
 

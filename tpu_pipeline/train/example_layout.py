@@ -75,7 +75,7 @@ class ExampleLayout(tf.Module):
         self._was = saved
         self.layout = (saved if saved.hosts == count else
                        saved.dealt_to(count, self._length(saved.hosts, run_dir), self._length(count, run_dir)))
-        return self._describe(step, run_dir)
+        return self._describe(run_dir)
 
     def rebase(self, step: int, rebased: int, was_batch: int) -> None:
         """The saved layout of global step `step` made that of `rebased`, this run's step for the same examples
@@ -95,7 +95,7 @@ class ExampleLayout(tf.Module):
         """The layout as of global step `step`, for the checkpoint saved there."""
         self.saved.assign(json.dumps(self.layout.at(step, self._per_step(self.layout.hosts)).to_json()))
 
-    def _describe(self, step: int, run_dir: str) -> str:
+    def _describe(self, run_dir: str) -> str:
         """Where the input resumes: the old layout's rest dealt, or each pipeline's own place."""
         was, now, remainder = self._was, self.layout, self.layout.remainder
         if remainder is None and was.hosts == now.hosts:
