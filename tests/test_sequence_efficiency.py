@@ -284,3 +284,13 @@ def test_a_progress_line_whose_steps_read_no_new_batch_says_so_rather_than_zero_
         logger.on_train_batch_end(step)
     assert "tokens/s not counted yet: these steps' batches were read ahead" in lines[0] and "0.000" not in lines[0]
     assert "tokens/s, non-padding 0.488" in lines[1]  # steps 3-4: (5000 - 3000) / (8192 - 4096)
+
+    # A run of two steps whose second took a batch read before it: metrics.json's tokens_per_sec is None, not 0.
+    short = ProgressLogger(global_batch_size=16, every=100, tokens=meter, printer=lines.append)
+    short.model = logger.model
+    short.on_train_begin()
+    for step in (6, 7):
+        short.on_train_batch_begin(step)
+        logger.model.optimizer.iterations.assign(step)
+        short.on_train_batch_end(step)
+    assert short.tokens_per_second() is None and logger.tokens_per_second() > 0

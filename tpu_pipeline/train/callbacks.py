@@ -193,8 +193,9 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         return self.clock.steps * self.global_batch_size / self.clock.seconds
 
     def tokens_per_second(self) -> Optional[float]:
-        """Real tokens trained in the timed steps per second of them (padding not counted)."""
-        if self.tokens is None or not self.clock.seconds:
+        """Real tokens trained in the timed steps per second of them (padding not counted); None before any
+        timed step, or where those steps took only batches read before them (a run of two steps): not 0."""
+        if self.tokens is None or not self.clock.seconds or not self.clock.slots:
             return None
         return self.clock.real / self.clock.seconds
 
