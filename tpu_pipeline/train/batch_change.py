@@ -8,7 +8,7 @@ So the step is rebased: examples trained so far / the new batch. The input goes 
 schedule (laid out in epochs of the new batch's steps) at the same point, and the epoch count with it.
 
 Where that is not a whole number of new batches, the resume is refused in one line: a step's worth of the
-input could not be placed exactly. A packed stream counts rows, with the same rule.
+input could not be placed exactly. A packed stream counts its rows, with the same rule.
 """
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ from typing import Any, Callable, Optional
 
 from tpu_pipeline.config import Config
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
 from tpu_pipeline.train.started_with import saved_record
 
 BATCH_KEY = "data.batch_size"
 
 
 def rebased_step(step: int, was: int, now: int, run_dir: str, latest: str, unit: str = "examples") -> int:
-    """The step of this run's batch (`now`) that has trained the examples (`unit`: packed rows) of `step`
+    """The step of this run's batch (`now`) that has trained the examples (`unit`: or packed rows) of `step`
     batches of `was`."""
     examples = step * was
     if examples % now:
@@ -47,7 +48,7 @@ def go_on_by_examples(latest: str, config: Config, model: Any, steps_per_epoch: 
     if was is None or was == now or step == 0:
         return step
     sequence = config.data.sequence
-    unit = "rows" if sequence is not None and sequence.mode == "pack" else "examples"
+    unit = (sequence_mode(sequence.mode).row_name if sequence is not None else "") or "examples"
     rebased = rebased_step(step, was, now, config.train.run_dir, latest, unit)
     model.optimizer.iterations.assign(rebased)
     if layout is not None:
