@@ -44,7 +44,8 @@ def tf_path_batches(config: dict, strategy, steps: int) -> dict[tuple[int, int],
 
 def test_jax_train_on_eight_devices_killed_and_terminated_resumes_exactly_as_the_tf_path_feeds(
         tmp_path, eight_replica_strategy):
-    """model.framework: jax in the config alone (no KERAS_BACKEND): 3 SIGKILLs, a SIGTERM (exit 143), the rest."""
+    """model.framework: jax in the config alone (no KERAS_BACKEND): 3 SIGKILLs, a SIGTERM (exit 143), then the rest
+    on 4 devices at half the global batch, going on by examples trained (issue 51, item 2, on JAX)."""
     from tpu_pipeline.records.demo_shapes import ensure_demo_dataset
 
     data_dir = ensure_demo_dataset(str(tmp_path / "data"), num_train=512, num_eval=64, size=16, num_shards=8)
@@ -59,7 +60,6 @@ def test_jax_train_on_eight_devices_killed_and_terminated_resumes_exactly_as_the
     env.pop("KERAS_BACKEND")
     env.pop("XLA_FLAGS")  # cluster.cpu_replicas: 8 makes the 8 JAX devices
     command = [sys.executable, CHILD, "train_jax", config_path, out_dir]
-    steps = 3 * (512 // 64)
     rng = random.Random(3)
     for kill in range(3):
         result = interrupt(command, out_dir, max_step(out_dir) + rng.randint(2, 4), signal.SIGKILL, env=env)
@@ -67,17 +67,36 @@ def test_jax_train_on_eight_devices_killed_and_terminated_resumes_exactly_as_the
     result = interrupt(command, out_dir, max_step(out_dir) + 1, signal.SIGTERM, env=env)
     assert result.returncode == 143, result.stdout[-3000:]
     assert "Keras 3 on JAX" in result.stdout and "8 replicas" in result.stdout
-    final = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    stopped = [line for line in result.stdout.splitlines() if line.startswith("stopped by SIGTERM at step")]
+    assert stopped, result.stdout[-3000:]
+    sigterm_step = int(stopped[0].split()[5])
+
+    # The rest on 4 of the JAX devices with half the global batch (each device's batch kept): the step is rebased
+    # to the examples trained / 32, and the input goes on from the same example.
+    four = {**config, "data": {**config["data"], "batch_size": 32}, "cluster": {"cpu_replicas": 4},
+            "train": {**config["train"], "allow_changes": ["data.batch_size"]}}
+    four_path = str(tmp_path / "four.json")
+    json.dump(four, open(four_path, "w"))
+    final = subprocess.run([sys.executable, CHILD, "train_jax", four_path, out_dir], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    rebased, steps = 2 * sigterm_step, 3 * (512 // 32)
+    assert (f"data.batch_size 64 -> 32: the run goes on by examples trained, {64 * sigterm_step:,}: step {sigterm_step} "
+            f"-> {rebased}") in final.stdout, final.stdout[-3000:]
+    assert f"continue from example {64 * sigterm_step:,} of the training stream" in final.stdout, final.stdout[-3000:]
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
-    assert metrics["steps"] == steps and metrics["resumed_from_step"] > 0
+    assert metrics["steps"] == steps and metrics["resumed_from_step"] == rebased
     assert metrics["history"]["epoch"] == [1, 2, 3], metrics["history"]
-    assert metrics["cluster"] == {"kind": "cpu", "replicas": 8, "hosts": 1}
+    assert metrics["cluster"] == {"kind": "cpu", "replicas": 4, "hosts": 1}
 
     log = read_log(out_dir)
-    assert sorted({step for step, _ in log}) == list(range(steps))
-    assert log == tf_path_batches(config, eight_replica_strategy, steps)
-    assert_exact_epochs([[i for step in range(steps) for device in range(8) for i in log[(step, device)]]], 512, 512)
+    assert sorted({step for step, _ in log}) == list(range(sigterm_step)) + list(range(rebased, steps))
+    # Up to the SIGTERM (three resumes after SIGKILLs among them), each device took what the TF path feeds it.
+    before = {key: value for key, value in log.items() if key[0] < sigterm_step}
+    assert before == tf_path_batches(config, eight_replica_strategy, sigterm_step)
+    assert all(len(log[(step, device)]) == 8 for step in range(rebased, steps) for device in range(4))
+    stream = [i for step in sorted({step for step, _ in log}) for device in range(8) for i in log.get((step, device), [])]
+    assert_exact_epochs([stream], 512, 512)
 
 
 def test_jax_train_of_a_packed_mixture_killed_and_resumed_trains_on_the_documents_of_the_tf_path(tmp_path):
