@@ -147,6 +147,33 @@ def test_chat_mixed_with_text_delivers_the_rows_of_the_same_mixture_without_weig
     assert 0.6 < share < 0.8, share  # 70/30 by tokens; the exact shares are those of the unweighted mixture above
 
 
+def test_an_epoch_of_given_steps_that_is_many_passes_over_the_data_is_told_with_the_steps_of_one(sets):
+    """configs/chat_sft.yaml's 50 steps of 16 rows, reused on a small set, are many passes over it: train says so,
+    counted from metadata.json, with the train.steps_per_epoch of one pass; one pass or under says nothing."""
+    from tpu_pipeline.format import read_metadata
+    from tpu_pipeline.train.data_passes import passes_note
+
+    def note(data: dict, steps: "int | None") -> "str | None":
+        config = config_from_dict({"data": data, "train": {"task": "language_model", "steps_per_epoch": steps},
+                                   "model": {"architecture": "transformer"}})
+        return passes_note(config, Pipeline.from_config(config.data), steps or 1)
+
+    tokens = read_metadata(sets["chat"])["splits"]["train"]["num_tokens"]
+    rows = tokens / LENGTH  # rows of LENGTH a pass, about
+    many = note(chat_data(sets["chat"], batch_size=16), 50)
+    assert many == (f"note: an epoch here is train.steps_per_epoch=50 steps of 16 packed rows of {LENGTH}, about "
+                    f"{50 * 16 / rows:,.0f} passes over the training data (about {rows:,.0f} packed rows a pass); for "
+                    f"one pass an epoch set train.steps_per_epoch={round(rows / 16)}"), many
+    one_pass = max(1, int(rows // 4))  # batch 4: at most one pass
+    assert note(chat_data(sets["chat"]), one_pass) is None
+    assert note(chat_data(sets["chat"], batch_size=16), None) is None  # an epoch is then one pass
+    # Examples (pad mode): counted from the split's examples.
+    examples = read_metadata(sets["chat"])["splits"]["train"]["num_examples"]
+    padded = chat_data(sets["chat"], sequence={"keys": ["inputs", "targets", LOSS_WEIGHTS], "length": LENGTH,
+                                               "mode": "pad"})
+    assert f"about {100 * 4 / examples:,.0f} passes" in note(padded, 100) and "of 4 examples" in note(padded, 100)
+
+
 def read_log(path: str) -> list[tuple[int, str]]:
     if not os.path.exists(path):
         return []

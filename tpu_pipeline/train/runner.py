@@ -30,7 +30,6 @@ from tpu_pipeline.format.vocabulary import model_vocabulary, tokenizer_vocabular
 from tpu_pipeline.model import build_model, get_keras, tf_keras
 from tpu_pipeline.model.checkpointed import CheckpointedModel
 from tpu_pipeline.model.keras_backend import build_for_input
-from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.model.tasks import task_named
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.checks.record_check import tf_message
@@ -42,6 +41,7 @@ from tpu_pipeline.pipeline.runtime.wait_meter import InputWaitMeter, metered
 from tpu_pipeline.train import batch_change, started_with
 from tpu_pipeline.train.cadence import Cadence, TimedCheckpointer, cadence
 from tpu_pipeline.train.callbacks import EvaluationProgress, PreemptionStop, ProgressLogger, StepTracker, TrainState
+from tpu_pipeline.train.data_passes import epoch_notes
 from tpu_pipeline.train.example_layout import LAYOUT_KEY, ExampleLayout
 from tpu_pipeline.train.framework import (framework_and_cluster, is_peer_failure, peer_errors, peer_failure,
                                           tensorboard_callback)
@@ -151,9 +151,8 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
     epochs = config.train.epochs
     # A mixture ending through a `stop` source before the run's steps: one line naming the source, not Keras's trace.
     check_training_mixture(train_pipeline, steps, epochs, cluster.num_hosts, cluster.num_replicas)
-    warmup = warmup_note(config.model.schedule, steps, epochs)  # a warm-up that covers the whole run is shrunk
-    if warmup:
-        printer(warmup)
+    for note in epoch_notes(config, train_pipeline, steps, epochs):  # a warm-up shrunk; an epoch of many passes
+        printer(note)
     meter = InputWaitMeter()
 
     train_pipeline, tokens = with_token_meter(train_pipeline)
