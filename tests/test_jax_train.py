@@ -81,8 +81,8 @@ def test_jax_train_on_eight_devices_killed_and_terminated_resumes_exactly_as_the
                            capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     rebased, steps = 2 * sigterm_step, 3 * (512 // 32)
-    assert (f"data.batch_size 64 -> 32: the run goes on by examples trained, {64 * sigterm_step:,}: step {sigterm_step} "
-            f"-> {rebased}") in final.stdout, final.stdout[-3000:]
+    assert (f"data.batch_size 64 -> 32: the run goes on by examples trained, {64 * sigterm_step:,}: "
+            f"step {sigterm_step} -> {rebased}") in final.stdout, final.stdout[-3000:]
     assert f"continue from example {64 * sigterm_step:,} of the training stream" in final.stdout, final.stdout[-3000:]
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     assert metrics["steps"] == steps and metrics["resumed_from_step"] == rebased
@@ -95,7 +95,8 @@ def test_jax_train_on_eight_devices_killed_and_terminated_resumes_exactly_as_the
     before = {key: value for key, value in log.items() if key[0] < sigterm_step}
     assert before == tf_path_batches(config, eight_replica_strategy, sigterm_step)
     assert all(len(log[(step, device)]) == 8 for step in range(rebased, steps) for device in range(4))
-    stream = [i for step in sorted({step for step, _ in log}) for device in range(8) for i in log.get((step, device), [])]
+    stream = [i for step in sorted({step for step, _ in log}) for device in range(8)
+              for i in log.get((step, device), [])]
     assert_exact_epochs([stream], 512, 512)
 
 
