@@ -121,7 +121,10 @@ def test_a_good_chat_dataset_verifies_clean(tmp_path):
     report = verify(os.path.dirname(paths[0]))
     assert report.faults == [] and report.records == 2 * PER_SHARD, report.table()
     # weights are no token ids: only 'tokens' meets the vocabulary
-    assert report.notes == [f"token ids of 'tokens' checked against vocab_size {VOCAB} (metadata.json tokenizer)"]
+    assert report.notes == [f"token ids of 'tokens' checked against vocab_size {VOCAB} (metadata.json tokenizer)",
+                            "a chatml chat set (metadata.json chat): 'loss_weights' checked, 0 or 1, one per token, at "
+                            "least one weighted token per conversation, each run of them ending on its end of turn "
+                            "<|im_end|> (id 260)"]  # "no fault found" says the masks were read too
 
 
 def test_verify_names_each_chat_fault_by_file_record_and_byte(tmp_path):
@@ -169,6 +172,8 @@ def test_an_unknown_end_of_turn_leaves_the_alignment_unchecked(tmp_path):
     report = verify(os.path.dirname(paths[0]))
     assert {(f.record, f.kind) for f in report.faults} == {
         (1, "missing_feature"), (3, "loss_weights"), (5, "loss_weights"), (7, "no_weighted_token")}, report.table()
+    assert report.notes[1] == ("a custom chat set (metadata.json chat): 'loss_weights' checked, 0 or 1, one per token, "
+                               "at least one weighted token per conversation")
 
 
 def test_loss_on_all_needs_no_weights_but_the_end_of_turn(tmp_path):
@@ -177,6 +182,8 @@ def test_loss_on_all_needs_no_weights_but_the_end_of_turn(tmp_path):
     report = verify(os.path.dirname(paths[0]))
     # record 7 (no answer) has its weights, all 0: nothing wrong with loss_on all; record 9 lacks <|im_end|>
     assert [(f.record, f.kind) for f in report.faults] == [(9, "no_end_of_turn")], report.table()
+    assert report.notes[1] == ("a chatml chat set trained on every token (loss_on all): each conversation's end of "
+                               "turn <|im_end|> (id 260) checked")
 
 
 def test_weights_of_any_config_are_0_or_1(tmp_path):

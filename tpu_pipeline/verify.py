@@ -31,8 +31,8 @@ def verify_data(config: DataConfig, prefix: str = "data", num_classes: Optional[
     """Checks every record of `config`'s TFRecord source; returns the faults (it raises only for a
     config that cannot be checked at all)."""
     checker, files, compression, expected = checked_files(config, prefix, num_classes, vocab=vocab)
-    note = checker.vocabulary_note(files)
-    report = Report(prefix, files=len(files), notes=[note] if note else [])
+    notes = [checker.vocabulary_note(files), checker.chat_note(files)]
+    report = Report(prefix, files=len(files), notes=[note for note in notes if note])
     total = sum(c for c in expected if c is not None) or None
     lock = threading.Lock()
     with tqdm(total=total, desc=f"verify {prefix}", unit=" records", disable=not progress, file=sys.stderr,

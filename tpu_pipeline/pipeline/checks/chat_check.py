@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -62,6 +62,27 @@ class ChatSpec:
     def turn_end(self) -> str:
         name = f"{self.end_of_turn} " if self.end_of_turn else ""
         return f"end of turn {name}(id {self.end_of_turn_id})"
+
+
+def chat_note(specs: Sequence[Optional[ChatSpec]]) -> Optional[str]:
+    """What verify says once about the chat checks made (`specs`: each file's), so that "no fault found" on a chat
+    set says its loss masks were read too; None when no file is chat data."""
+    found = sorted({spec for spec in specs if spec is not None}, key=repr)
+    if not found:
+        return None
+    said = []
+    for spec in found:
+        known = spec.end_of_turn_id is not None
+        if not spec.weighted:
+            said.append(f"a {spec.template} chat set trained on every token (loss_on all): " + (
+                f"each conversation's {spec.turn_end()} checked" if known else "its end of turn unknown, not checked"))
+            continue
+        turn = f", each run of them ending on its {spec.turn_end()}" if known else ""
+        said.append(f"a {spec.template} chat set (metadata.json chat): {LOSS_WEIGHTS!r} checked, 0 or 1, one per "
+                    f"token, at least one weighted token per conversation{turn}")
+    files = sum(spec is not None for spec in specs)
+    where = f" ({files} of {len(specs)} file(s))" if files < len(specs) else ""
+    return "; ".join(said) + where
 
 
 def chat_spec(metadata: Optional[Mapping[str, Any]]) -> Optional[ChatSpec]:

@@ -29,7 +29,7 @@ from tpu_pipeline.format.example_check import (Record as Proto, context_features
 from tpu_pipeline.format.sniff import file_hint
 from tpu_pipeline.format.vocabulary import Vocabulary, checked_vocabulary
 from tpu_pipeline.ops import build_ops
-from tpu_pipeline.pipeline.checks.chat_check import DatasetChats, chat_fault
+from tpu_pipeline.pipeline.checks.chat_check import DatasetChats, chat_fault, chat_note
 from tpu_pipeline.pipeline.checks.record_scan import FramingFault, Record, scan_records
 from tpu_pipeline.pipeline.stages.parse import make_parser
 
@@ -173,6 +173,10 @@ class FileChecker:
         return (f"token ids of {keys} not checked against a vocabulary{where and ' ' + where}: none is known (set "
                 "model.transformer.vocab_size, or convert with a tokenizer that metadata.json records); negative "
                 "ids and empty documents are checked")
+
+    def chat_note(self, files: Sequence[str]) -> Optional[str]:
+        """What verify says once about the loss masks of chat data among `files` (`chat_check.chat_note`)."""
+        return chat_note([self.chats(path) for path in files])
 
     def token_fault(self, path: str, record: Record, example: Proto) -> Optional[Fault]:
         """The first token feature that is empty or holds an id outside 0..vocab_size-1 (misfit checked dtypes)."""
