@@ -160,6 +160,23 @@ def test_spans_are_the_answers_and_their_end_of_turn():
         assert weighted == expected_weighted_text(messages, "<|im_end|>")
 
 
+def test_a_prompt_to_sample_from_is_the_trained_text_up_to_the_answer():
+    """What a user samples from after training (docs/text.md, Sampling a chat model): the conversation so far and
+    the generation prompt, exactly the text the model saw before each answer it learned."""
+    user = [{"role": "user", "content": "What is 12 plus 30?"}]
+    chatml = "<|im_start|>user\nWhat is 12 plus 30?<|im_end|>\n<|im_start|>assistant\n"
+    assert load_template("chatml").prompt(user) == chatml
+    for name in ("chatml", "gemma"):
+        template = load_template(name)
+        for messages in conversations():
+            for turn, message in enumerate(messages):
+                if message["role"] != "assistant":
+                    continue
+                rendered = template.render(messages[:turn + 1])
+                answer_start = rendered.spans[-1][0]
+                assert template.prompt(messages[:turn]) == rendered.text[:answer_start], (name, turn)
+
+
 def test_a_template_whose_earlier_text_changes_is_refused_naming_the_turn():
     # The system line counts the turns: each added turn rewrites the start, so no answer can be located.
     template = ChatTemplate("{{ messages | length }}\n{% for m in messages %}{{ m['content'] }}\n{% endfor %}",

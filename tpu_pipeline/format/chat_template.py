@@ -157,6 +157,12 @@ class ChatTemplate:
             return self.direct(messages, where)
         return self.render_jinja(messages, where)
 
+    def prompt(self, messages: Sequence[dict], where: str = "conversation") -> str:
+        """The text a model trained on this template continues with its answer to `messages`: their render with
+        the template's generation prompt (`add_generation_prompt`, transformers' name), e.g. ChatML's
+        `<|im_start|>assistant\n`. Sample from it until the end-of-turn id (metadata.json `chat.end_of_turn_id`)."""
+        return self._render(messages, True, where).replace(_OPEN, "").replace(_CLOSE, "")
+
     def render_jinja(self, messages: Sequence[dict], where: str = "conversation") -> Rendered:
         """`render` through the template's Jinja source, always."""
         if self.marks_generation:
