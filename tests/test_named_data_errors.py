@@ -177,3 +177,25 @@ def test_a_pipeline_without_a_config_re_raises_the_original_error():
     with pytest.raises(tf.errors.InvalidArgumentError):
         with pipeline.naming_data_errors():
             next(iter(bad))
+
+
+def test_a_split_the_dataset_lacks_is_named_by_the_section_that_asks_for_it(tmp_path):
+    """A hub dataset converted with train/test splits, read by a config whose eval_data asks for `validation`: the
+    line names eval_data.source.split (not data.source.split) and the likeliest split to set instead."""
+    from tpu_pipeline.records import ensure_demo_dataset
+
+    directory = ensure_demo_dataset(str(tmp_path / "demo"), num_train=16, num_eval=8, size=16, num_shards=2)
+    source = {"type": "tfrecord", "dir": directory}
+    features = {"image": {"dtype": "string"}, "label": {"dtype": "int64"}}
+    data = {"source": {**source, "split": "test"}, "features": features, "batch_size": 4}
+    with pytest.raises(DataError) as raised:
+        Pipeline.from_config(config_from_dict({"data": data}).data, prefix="eval_data")
+    assert str(raised.value) == (f"eval_data.source.split=test: {directory!r} has no split 'test'; its splits: "
+                                 "['train', 'validation']; set eval_data.source.split=validation (or train)")
+    with pytest.raises(DataError, match=r"^data.source.split=test: .* set data.source.split=train \(or validation\)$"):
+        Pipeline.from_config(config_from_dict({"data": data}).data)
+    mixture = {"sources": [{"name": "a", "weight": 1, "source": {**source, "split": "train"}},
+                           {"name": "b", "weight": 1, "source": {**source, "split": "dev"}}]}
+    with pytest.raises(DataError, match=r"^data.mixture.sources\[1\].source.split=dev: "):
+        Pipeline.from_config(config_from_dict({"data": {"mixture": mixture, "features": features, "batch_size": 4,
+                                                        "repeat": "forever"}}).data)

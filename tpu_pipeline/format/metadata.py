@@ -76,8 +76,19 @@ def load_dataset_dir(directory: str, split: Optional[str] = None, key: str = "da
     split = split or DEFAULT_SPLIT
     splits = metadata.get("splits") or {}
     if split not in splits:
-        raise DataError(f"{key}.split: {directory!r} has no split {split!r}; its splits: {sorted(splits)}")
+        raise DataError(f"{key}.split={split}: {directory!r} has no split {split!r}; its splits: {sorted(splits)}; "
+                        + _split_fix(key, list(splits)))
     return metadata, splits[split]
+
+
+def _split_fix(key: str, splits: list[str]) -> str:
+    """What to set instead of a split the dataset lacks: the likeliest first (an evaluation's held-out split, a
+    training run's train split), then the others."""
+    if not splits:
+        return "convert the data again"
+    likely = ("validation", "test", "eval", "dev") if key.startswith("eval_data") else ("train",)
+    ranked = sorted(splits, key=lambda name: (likely.index(name) if name in likely else len(likely), name))
+    return f"set {key}.split={ranked[0]}" + (f" (or {', '.join(ranked[1:])})" if ranked[1:] else "")
 
 
 def dir_features(directory: str, key: str = "data.source") -> dict[str, FeatureConfig]:

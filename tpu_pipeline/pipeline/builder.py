@@ -423,7 +423,7 @@ class Pipeline:
         `on_error: skip` check labels, and `vocab` (`vocabularies.config_vocabulary(config)`) token ids
         where the dataset's metadata.json names no tokenizer.
         """
-        source = source or source_from_config(config)
+        source = source or source_from_config(config, prefix)
         skipped = None
         if config.on_error == "skip" and isinstance(source, RecordFileSource):
             source, skipped = without_bad_records(config, source, prefix, num_classes, vocab)

@@ -43,7 +43,7 @@ def checked_files(config: DataConfig, prefix: str = "data", num_classes: Optiona
     of `source` (default: the config's own); a DataError when it is not TFRecord files. `vocab`: the
     whole config's token vocabulary (`vocabularies.config_vocabulary`), for files whose dataset has none."""
     if source is None:
-        source = source_from_config(config)
+        source = source_from_config(config, prefix)
     if not isinstance(source, RecordFileSource):
         raise DataError(f"{prefix}.source: verify reads TFRecord files (type: tfrecord, files or dir); "
                         f"a {type(source).__name__} has nothing to scan")

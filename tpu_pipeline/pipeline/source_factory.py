@@ -14,33 +14,34 @@ from tpu_pipeline.pipeline.sources.tfds import TFDSSource
 from tpu_pipeline.pipeline.sources.tfrecord import TFRecordSource
 
 
-def source_from_config(config: DataConfig) -> Source:
-    """The source a config names, before the plan gives it its read options."""
+def source_from_config(config: DataConfig, prefix: str = "data") -> Source:
+    """The source a config names, before the plan gives it its read options (`prefix`: the section its errors
+    name, data or eval_data)."""
     if config.mixture is not None:
-        return mixture_from_config(config)
+        return mixture_from_config(config, prefix)
     src = config.source
     if isinstance(src, TFRecordSourceConfig):
-        return record_source(src)
+        return record_source(src, f"{prefix}.source")
     if isinstance(src, TFDSSourceConfig):
         return TFDSSource.from_config(src)  # decoded feature dicts: no parse follows
     assert isinstance(src, ArraySourceConfig)
     return ArraySource.from_npz(src.path, sharding=src.sharding)
 
 
-def record_source(src: TFRecordSourceConfig) -> Source:
-    """The files of a tfrecord source section: a converted dataset's split, or a glob."""
+def record_source(src: TFRecordSourceConfig, key: str = "data.source") -> Source:
+    """The files of a tfrecord source section (`key`, as errors name it): a converted dataset's split, or a glob."""
     if src.dir is not None:
-        return DatasetDirSource(dir=src.dir, split=src.split or "train")
+        return DatasetDirSource(dir=src.dir, split=src.split or "train", key=key)
     return TFRecordSource(files=src.files, compression=src.compression)
 
 
-def mixture_from_config(config: DataConfig) -> MixtureSource:
+def mixture_from_config(config: DataConfig, prefix: str = "data") -> MixtureSource:
     """data.mixture's sources, weighted by examples (weight_by: tokens is converted by the plan, which
     measures each source's tokens per example)."""
     mixture = config.mixture
     assert mixture is not None
-    parts = tuple(MixturePart(entry.name, record_source(entry.source), entry.weight, entry.exhausted)
-                  for entry in mixture.sources)
+    parts = tuple(MixturePart(entry.name, record_source(entry.source, f"{prefix}.mixture.sources[{i}].source"),
+                              entry.weight, entry.exhausted) for i, entry in enumerate(mixture.sources))
     shuffle = config.shuffle
     return MixtureSource(parts, tuple(entry.weight for entry in mixture.sources), seed=config.seed,
                          shuffle_buffer=shuffle.buffer_size if shuffle.enabled else 0,

@@ -24,13 +24,14 @@ class DatasetDirSource(RecordFileSource):
     split: str = DEFAULT_SPLIT
     read: ReadOptions = ReadOptions()
     replaced: Optional[TFRecordSource] = None  # the shards as data.on_error=skip left them (good records only)
+    key: str = "data.source"  # the config section errors name (eval_data.source, a mixture's source)
 
     @functools.cached_property
     def _files(self) -> TFRecordSource:
         """The split's shards, compression and record counts, from one read of metadata.json."""
         if self.replaced is not None:
             return dataclasses.replace(self.replaced, read=self.read)
-        metadata, entry = load_dataset_dir(self.dir, self.split)
+        metadata, entry = load_dataset_dir(self.dir, self.split, self.key)
         directory = local_path(self.dir)
         return TFRecordSource(files=[tf.io.gfile.join(directory, name) for name in entry["files"]],
                               compression=metadata.get("compression", ""), read=self.read, counts=entry.get("counts"))
@@ -43,9 +44,10 @@ class DatasetDirSource(RecordFileSource):
         return list(self._files.files)
 
     def info(self) -> DatasetInfo:
-        metadata, entry = load_dataset_dir(self.dir, self.split)
+        metadata, entry = load_dataset_dir(self.dir, self.split, self.key)
         examples = sum(self.replaced.counts) if self.replaced is not None else int(entry["num_examples"])
-        return DatasetInfo(examples, metadata.get("class_names"), dir_features(self.dir), metadata.get("tokenizer"))
+        return DatasetInfo(examples, metadata.get("class_names"), dir_features(self.dir, self.key),
+                           metadata.get("tokenizer"))
 
     def files_source(self) -> TFRecordSource:
         return self._files
