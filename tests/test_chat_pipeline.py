@@ -214,7 +214,10 @@ def test_a_chat_and_text_mixture_killed_twice_resumes_with_the_same_batches(sets
     assert [digest for _, digest in lines] == uninterrupted, "the killed run delivered other batches"
 
 
-def test_demo_show_prints_packed_rows_with_exactly_the_answers_marked(sets, tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["pack", "bucket"])
+def test_demo_show_prints_packed_rows_with_exactly_the_answers_marked(sets, tmp_path, capsys, mode):
+    """Each row's conversations whole, their answers marked; a bucketed row (no segment ids) too: it showed only the
+    weighted answer, its prompt gone, when the row's tokens were read from the weights."""
     import re
 
     import yaml
@@ -222,7 +225,12 @@ def test_demo_show_prints_packed_rows_with_exactly_the_answers_marked(sets, tmp_
 
     from tpu_pipeline.cli import main
 
-    config = {"data": {**chat_data(sets["chat"]), "shuffle": {"enabled": False}},
+    data = chat_data(sets["chat"])
+    data["sequence"] = {**data["sequence"], "mode": mode}
+    if mode == "bucket":
+        data["sequence"].pop("window")
+        data.pop("drop_remainder")
+    config = {"data": {**data, "shuffle": {"enabled": False}},
               "train": {"task": "language_model"}, "model": {"architecture": "transformer"}}
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -234,6 +242,8 @@ def test_demo_show_prints_packed_rows_with_exactly_the_answers_marked(sets, tmp_
         flags.FLAGS.unparse_flags()
     out = capsys.readouterr().out
     assert len(re.findall(r"^row \d+: ", out, flags=re.M)) == 3
+    segments = out.split("--- segment ")[1:]
+    assert segments and all("<|im_start|>user" in segment for segment in segments), out  # each prompt is there
     marked = [text for segment in out.split("--- segment ")[1:] for text in re.findall("⟦(.*?)⟧", segment, flags=re.S)]
     expected = answer_suffixes(sets["conversations"])
     assert marked and all(text.endswith("<|im_end|>") for text in marked)

@@ -8,7 +8,7 @@ input token (never a target), then its targets, grouped by weight and decoded gr
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -17,17 +17,20 @@ from tpu_pipeline.errors import ConfigError
 OPEN, CLOSE = "⟦", "⟧"
 
 
-def _arrays(element: Any) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
-    """(inputs, targets, segment ids or None, weights) of a batch (inputs, targets[, weights]) whose inputs are a
-    dict holding `inputs` (data.outputs as train.task language_model derives them)."""
+def _arrays(element: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(inputs, targets, a row's example numbers, weights) of a batch (inputs, targets[, weights]) whose inputs
+    are a dict holding `inputs` (data.outputs as train.task language_model derives them). The example numbers are
+    the segment ids of packed rows; a padded or bucketed row is one example, where `inputs_mask` is 1 (not where
+    the weights are: with loss weights those are the answers only, and the prompt would vanish from the row)."""
     if not (isinstance(element, (tuple, list)) and len(element) >= 2 and isinstance(element[0], dict)
             and "inputs" in element[0]):
         raise ConfigError("--show on token rows reads (inputs, targets, weights) batches whose inputs hold `inputs`, as "
                           "train.task language_model derives them (lm_shift, data.sequence); set train.task")
     inputs, targets = element[0], np.asarray(element[1])
-    segments = inputs.get("inputs_segment_ids")
     weights = np.asarray(element[2]) if len(element) > 2 else np.ones_like(targets, np.float32)
-    return (np.asarray(inputs["inputs"]), targets, None if segments is None else np.asarray(segments), weights)
+    segments = inputs.get("inputs_segment_ids", inputs.get("inputs_mask"))
+    examples = np.asarray(segments) if segments is not None else (weights > 0)
+    return np.asarray(inputs["inputs"]), targets, examples.astype(np.int64), weights
 
 
 def _segment_text(tokenizer: Any, first: int, targets: np.ndarray, weights: np.ndarray) -> str:
@@ -46,11 +49,11 @@ def token_rows(batches: Iterable[Any], count: int, tokenizer: Any) -> str:
     lines: list[str] = []
     shown = 0
     for element in batches:
-        inputs, targets, segments, weights = _arrays(element)
+        inputs, targets, examples, weights = _arrays(element)
         for row in range(inputs.shape[0]):
             if shown == count:
                 return "\n".join(lines)
-            ids = segments[row] if segments is not None else (weights[row] > 0).astype(np.int64)
+            ids = examples[row]
             real = int((ids > 0).sum())
             lines.append(f"row {shown}: {real} of {len(ids)} slots hold tokens, {int((weights[row] > 0).sum())} "
                          f"targets trained on, each run of them in double brackets")
