@@ -264,6 +264,23 @@ def test_lm_shift_of_a_ragged_batch_of_one_or_many_documents_is_the_ragged_slice
     assert got["inputs"].shape.rank == 2 and got["inputs"].row_splits.dtype == tf.int64
 
 
+def test_lm_shift_of_random_ragged_batches_with_weights_is_the_ragged_slice():
+    """The cut by partition (each row's last token out of the inputs, its first out of the targets and their
+    weights): random batches with empty, one-token and zero rows, each pair and weight the slice's."""
+    shift = tf.function(get_op("lm_shift").factory())
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        lengths = rng.integers(0, 6, rng.integers(0, 7))
+        values = rng.integers(0, 9, int(lengths.sum()))
+        tokens = tf.RaggedTensor.from_row_lengths(tf.constant(values, tf.int64), tf.constant(lengths, tf.int64))
+        weights = tf.ragged.map_flat_values(lambda v: v % 2, tokens)
+        got = shift({"tokens": tokens, "loss_weights": weights})
+        rows = tokens.to_list()
+        assert got["inputs"].to_list() == [row[:-1] for row in rows], rows
+        assert got["targets"].to_list() == [row[1:] for row in rows], rows
+        assert got["loss_weights"].to_list() == [[v % 2 for v in row[1:]] for row in rows], rows
+
+
 def test_append_and_prepend_add_one_id_even_to_an_empty_sequence():
     got = run_ops([{"op": "prepend", "id": 2}, {"op": "append", "id": 1, "out_key": "with_eos"}])
     assert [e["tokens"] for e in got] == [[2] + row for row in ROWS]
