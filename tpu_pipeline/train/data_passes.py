@@ -1,8 +1,8 @@
 """How many passes over the training data one "epoch" of a fixed `train.steps_per_epoch` is, told when it is many.
 
 Why: a config written for one data set (configs/chat_sft.yaml: 50 steps of 16 packed rows for the demo's 2,800
-conversations) is reused for another with `data.source.dir=...`. On 270 short conversations its "epoch" is ~26
-passes, and "training 2 epoch(s) of 50 steps" said nothing of it: the model saw each answer ~50 times. So when an
+conversations) is reused for another with `data.source.dir=...`. On 270 short conversations its "epoch" is ~27
+passes, and "training 2 epoch(s) of 50 steps" said nothing of it: the model saw each answer ~54 times. So when an
 epoch of the given steps holds two passes or more, one line says how many and which `train.steps_per_epoch` is
 one pass. Under one pass (a long pretraining run logged every N steps) nothing is said.
 
@@ -19,6 +19,7 @@ from tpu_pipeline.format.metadata import load_dataset_dir
 from tpu_pipeline.model.schedules import warmup_note
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
+from tpu_pipeline.pipeline.sources.dataset_dir import DatasetDirSource
 
 MANY = 2.0  # passes per epoch from which the line is printed
 
@@ -33,10 +34,10 @@ def rows_per_pass(config: Config, pipeline: Pipeline) -> Optional[tuple[float, s
     if not packed:
         examples = pipeline.source.info().num_examples
         return (float(examples), "examples") if examples else None
-    directory = getattr(data.source, "dir", None)
-    if not directory:
+    source = pipeline.source  # the split the pipeline reads, and the key its errors name
+    if not isinstance(source, DatasetDirSource):
         return None
-    _, entry = load_dataset_dir(directory, data.source.split)
+    _, entry = load_dataset_dir(source.dir, source.split, source.key)
     tokens = entry.get("num_tokens")
     return (tokens / sequence.length, f"{packed} of {sequence.length}") if tokens else None
 
@@ -45,8 +46,8 @@ def passes_note(config: Config, pipeline: Pipeline, steps: int) -> Optional[str]
     """The line for an explicit `train.steps_per_epoch` whose epoch is `MANY` passes or more; else None."""
     if not config.train.steps_per_epoch:
         return None  # then an epoch is one pass
-    found = rows_per_pass(config, pipeline)
-    if found is None or found[0] <= 0:
+    found = rows_per_pass(config, pipeline)  # rows > 0 where found
+    if found is None:
         return None
     rows, unit = found
     batch = config.data.batch_size
