@@ -41,9 +41,10 @@ the files forever, on one input pipeline on the CPU:
   parse 1-by-1    `parse_single_example` of each record, then ragged_batch(64), and nothing else
   LM pack         a language model's pipeline: lm_shift, data.sequence keys [inputs, targets], mode pack
                   (overflow truncate), outputs derived for train.task language_model
-  LM pack, weights  the same on the same tokens with a `loss_weights` feature beside them (0 on each
-                  document's first half, 1 on the rest, as chat data carries): keys [inputs, targets,
-                  loss_weights]. Issue 50 asks it to keep 0.9x the tokens/s of LM pack (the table's last line)
+  LM pack, weights  the same on the same tokens with loss weights inside them, as `convert --from chat`
+                  writes them (`weighted_tokens`, 2 * id + weight; 0 on each document's first half, 1 on
+                  the rest): lm_shift key weighted_tokens, keys [inputs, targets, loss_weights]. Issue 50
+                  asks it to keep 0.9x the tokens/s of LM pack (the table's last line)
 
 The packing-cost target: the packing stage's CPU µs per example (ours pack − ours pad, the same
 pipeline with mode pad: same read and parse; pack, batched − parse only) beside the parse that feeds
@@ -174,13 +175,10 @@ def ours_config(pattern: str, length: int, mode: str) -> dict:
 
 def lm_pack(pattern: str, length: int, weights: bool) -> tf.data.Dataset:
     """A language model's packed pipeline (lm_shift, derived outputs); `weights`: with each target's loss weight."""
-    features = {KEY: {"dtype": "int64", "kind": "ragged"}}
-    keys = ["inputs", "targets"]
-    if weights:
-        features[sequence_workloads.WEIGHTS] = {"dtype": "int64", "kind": "ragged"}
-        keys.append(sequence_workloads.WEIGHTS)
-    data = {"source": {"type": "tfrecord", "files": pattern}, "features": features,
-            "preprocess": [{"op": "lm_shift", "key": KEY}],
+    key = sequence_workloads.WEIGHTED if weights else KEY  # the weights inside the tokens (convert --from chat)
+    keys = ["inputs", "targets"] + ([sequence_workloads.WEIGHTS] if weights else [])
+    data = {"source": {"type": "tfrecord", "files": pattern}, "features": {key: {"dtype": "int64", "kind": "ragged"}},
+            "preprocess": [{"op": "lm_shift", "key": key}],
             "sequence": {"keys": keys, "length": length, "mode": "pack", "overflow": "truncate"},
             "batch_size": BATCH, "repeat": "forever", "shuffle": {"enabled": False}}
     config = config_from_dict({"data": data, "train": {"task": "language_model"}, "model": {"architecture": "transformer"}})
@@ -339,7 +337,7 @@ def bench_workload(workload: str, args: argparse.Namespace, seqio_utils: Any) ->
     name, length = WORKLOADS[workload]
     meta = sequence_workloads.ensure(name, args.cache_dir)
     pattern = os.path.join(meta["dir"], "train-*.tfrecord")
-    weighted = os.path.join(sequence_workloads.ensure(name, args.cache_dir, weights=True)["dir"], "train-*.tfrecord")
+    weighted = os.path.join(sequence_workloads.ensure(name, args.cache_dir, weights="inside")["dir"], "train-*.tfrecord")
     table = pipelines(pattern, length, meta["lengths"]["mean"], seqio_utils, weighted)
     for skipped in skipped_names(args.skip, table):
         table.pop(skipped, None)

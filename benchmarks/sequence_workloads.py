@@ -78,22 +78,33 @@ def token_rows(name: str) -> Iterator[np.ndarray]:
 
 
 WEIGHTS = "loss_weights"
+WEIGHTED = "weighted_tokens"
+# weights= of `ensure`: none, inside the tokens (what `convert --from chat` writes), or a list beside them
+FORMS = {False: "", "inside": "_weighted", "dense": "_weights"}
 
 
-def serialize(tokens: np.ndarray, weights: bool = False) -> bytes:
-    """A tf.Example of the tokens; with `weights`, a `loss_weights` feature too: 0 on the first half of the tokens
-    (a prompt), 1 on the rest (its answer), as `convert --from chat` writes them."""
-    feature = {KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=tokens.tolist()))}
-    if weights:
-        mask = (np.arange(len(tokens)) >= len(tokens) // 2).astype(np.int64)
+def serialize(tokens: np.ndarray, weights: str | bool = False) -> bytes:
+    """A tf.Example of the tokens; with `weights`, weights 0 on the first half of the tokens (a prompt) and 1 on
+    the rest (its answer): inside them, `weighted_tokens` (2 * id + weight, as `convert --from chat` writes), or
+    "dense", a `loss_weights` list beside `tokens` (the two-key form)."""
+    mask = (np.arange(len(tokens)) >= len(tokens) // 2).astype(np.int64)
+    weights = "inside" if weights is True else weights
+    if weights == "inside":
+        feature = {WEIGHTED: tf.train.Feature(int64_list=tf.train.Int64List(value=(2 * tokens + mask).tolist()))}
+    else:
+        feature = {KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=tokens.tolist()))}
+    if weights == "dense":
         feature[WEIGHTS] = tf.train.Feature(int64_list=tf.train.Int64List(value=mask.tolist()))
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def ensure(name: str, cache_dir: str | None = None, weights: bool = False) -> dict:
-    """The workload's metadata (its directory under "dir"), generated on first use; `weights`: the same tokens with
-    a `loss_weights` feature beside them, in a directory of its own."""
-    out_dir = os.path.join(bench_dir(cache_dir), name + ("_weights" if weights else ""))
+def ensure(name: str, cache_dir: str | None = None, weights: str | bool = False) -> dict:
+    """The workload's metadata (its directory under "dir"), generated on first use; `weights` ("inside" or
+    "dense", `serialize`): the same tokens with loss weights, in a directory of its own."""
+    weights = "inside" if weights is True else weights
+    if weights not in FORMS:
+        raise ValueError(f"weights: one of {sorted(map(str, FORMS))}, got {weights!r}")
+    out_dir = os.path.join(bench_dir(cache_dir), name + FORMS[weights])
     metadata = read_metadata(out_dir)
     if metadata is None:
         lengths: list[int] = []
@@ -109,8 +120,8 @@ def ensure(name: str, cache_dir: str | None = None, weights: bool = False) -> di
                  "mean": float(array.mean()), "min": int(array.min()), "max": int(array.max()),
                  "kept": {str(n): int(np.minimum(array, n).sum()) for n in (128, 256, 512, 1024, 2048, 4096)},
                  "over": {str(n): float((array > n).mean()) for n in (128, 256, 512, 1024, 2048, 4096)}}
-        features = {KEY: {"dtype": "int64", "kind": "ragged"}}
-        if weights:
+        features = {WEIGHTED if weights == "inside" else KEY: {"dtype": "int64", "kind": "ragged"}}
+        if weights == "dense":
             features[WEIGHTS] = {"dtype": "int64", "kind": "ragged"}
         write_metadata(out_dir, {"name": name, "source": "benchmarks/sequence_workloads.py", "features": features,
                                  "splits": {"train": split}, "lengths": stats})

@@ -6,8 +6,10 @@
 The first prints, for the checkout at --tree (run it for two trees in turn to compare commits), the median CPU µs
 per example and tokens/s of bench_sequences' "LM pack" and "LM pack, weights" pipelines, alternating in one
 process. `--parse` times one single-threaded pass of a batched `parse_example` (blocks of 4096 records) over the
-workload's files: the tokens of the plain files, the tokens of the weighted files, and both features of the
-weighted files; the difference of the last two is what parsing the weights costs before any stage of ours runs.
+workload's files: the tokens of the plain files, the tokens of the files with a `loss_weights` list beside them
+(the two-key form), and both features of those; the difference of the last two is what parsing the weights as a
+list of their own costs before any stage of ours runs (the form `convert --from chat` wrote before
+`weighted_tokens`). "LM pack, weights" reads the weights inside the tokens, as convert writes them now.
 """
 from __future__ import annotations
 
@@ -47,10 +49,11 @@ def parse_pass(workload: str, rounds: int) -> dict:
 
     name, _ = WORKLOADS[workload]
     plain = sorted(tf.io.gfile.glob(os.path.join(sequence_workloads.ensure(name)["dir"], "train-*.tfrecord")))
-    weighted = sorted(tf.io.gfile.glob(os.path.join(sequence_workloads.ensure(name, weights=True)["dir"],
+    weighted = sorted(tf.io.gfile.glob(os.path.join(sequence_workloads.ensure(name, weights="dense")["dir"],
                                                     "train-*.tfrecord")))
     ragged = tf.io.RaggedFeature(tf.int64)
-    cases = {"plain files, tokens": (plain, {"tokens": ragged}), "weighted files, tokens": (weighted, {"tokens": ragged}),
+    cases = {"plain files, tokens": (plain, {"tokens": ragged}),
+             "weighted files, tokens": (weighted, {"tokens": ragged}),
              "weighted files, tokens and weights": (weighted, {"tokens": ragged, "loss_weights": ragged})}
     options = tf.data.Options()
     options.threading.private_threadpool_size = 1

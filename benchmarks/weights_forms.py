@@ -1,18 +1,21 @@
-"""Loss weights in other forms, against none and the dense int64 list, in one packed LM pipeline (issue 50, item 7:
-what 0.9x of the unweighted tokens/s would need). An experiment, not a shipped path.
+"""Loss weights in each form, against none, in one packed LM pipeline (issue 50, item 7: packing with weights at
+0.9x or more of the unweighted tokens/s).
 
     .venv/bin/python benchmarks/weights_forms.py --workload long --rounds 3
 
   plain    LM pack on the tokens alone
-  dense    the `loss_weights` int64 list beside the tokens (what `convert --from chat` writes)
+  inside   `weighted_tokens`, each token 2 * id + weight (what `convert --from chat` writes): one list parsed,
+           lm_shift key weighted_tokens, the targets carried with their weights inside to the rows
+  dense    a `loss_weights` int64 list beside the tokens (the two-key form: sets written before, users' own)
   default  no weights parsed: `lm_shift`'s `default_weight: 1` makes them, so only their carry costs
   spans    `loss_spans` ([start, end) pairs, a few integers a record) expanded per parsed block by a prototype
            op registered here (`span_weights_experiment`: unsorted_segment_sum of +-1 at the bounds, then
-           tf.cumsum), then carried as `dense` is
+           tf.cumsum), then carried as `dense` is; an experiment, not a shipped path
 
 Prints each form's median tokens/s over the rounds (forms alternating in one process), its ratio to plain and its
-CPU µs per example, after checking that `spans` gives `dense`'s first batch. The spans files are written once,
-beside the workload's own (benchmarks/sequence_workloads.py: the weights are 0 on each document's first half).
+CPU µs per example, after checking that every weighted form gives `dense`'s first batch. The files are written
+once, beside the workload's own (benchmarks/sequence_workloads.py: the weights are 0 on each document's first
+half).
 """
 from __future__ import annotations
 
@@ -87,6 +90,9 @@ def lm_pack(pattern: str, length: int, form: str) -> tf.data.Dataset:
     elif form == "spans":
         features[SPANS] = {"dtype": "int64", "kind": "ragged"}
         preprocess = [{"op": "span_weights_experiment"}] + preprocess
+    elif form == "inside":
+        features = {"weighted_tokens": {"dtype": "int64", "kind": "ragged"}}
+        preprocess = [{"op": "lm_shift", "key": "weighted_tokens"}]
     data = {"source": {"type": "tfrecord", "files": pattern}, "features": features, "preprocess": preprocess,
             "sequence": {"keys": keys, "length": length, "mode": "pack", "overflow": "truncate"},
             "batch_size": bench.BATCH, "repeat": "forever", "shuffle": {"enabled": False}}
@@ -102,11 +108,13 @@ def main() -> None:
     args = parser.parse_args()
     name, length = WORKLOADS[args.workload]
     plain = os.path.join(sequence_workloads.ensure(name)["dir"], "train-*.tfrecord")
-    dense = os.path.join(sequence_workloads.ensure(name, weights=True)["dir"], "train-*.tfrecord")
-    forms = {"plain": plain, "dense": dense, "default": plain, "spans": spans_files(name)}
-    first = [next(iter(lm_pack(forms[form], length, form)))[0] for form in ("dense", "spans")]
-    for key in first[0]:
-        assert np.array_equal(first[0][key].numpy(), first[1][key].numpy()), f"spans differ from dense in {key}"
+    dense = os.path.join(sequence_workloads.ensure(name, weights="dense")["dir"], "train-*.tfrecord")
+    inside = os.path.join(sequence_workloads.ensure(name, weights="inside")["dir"], "train-*.tfrecord")
+    forms = {"plain": plain, "inside": inside, "dense": dense, "default": plain, "spans": spans_files(name)}
+    first = [tf.nest.flatten(next(iter(lm_pack(forms[form], length, form)))) for form in ("dense", "spans", "inside")]
+    for other in first[1:]:
+        for mine, theirs in zip(first[0], other):
+            assert np.array_equal(mine.numpy(), theirs.numpy()), "a form's first batch differs from dense's"
     runs: dict[str, list[dict]] = {form: [] for form in forms}
     for _ in range(args.rounds):
         for form, pattern in forms.items():

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from tpu_pipeline.config.data import LOSS_WEIGHTS
+from tpu_pipeline.config.data import WEIGHTED_TOKENS
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format import dataset_tokenizer
 from tpu_pipeline.format.chat_encoding import ChatEncoder, chat_tokenizer
@@ -67,8 +67,11 @@ def read_records(out) -> list[tuple[list[int], list[int]]]:
         for name in entry["files"]:
             for raw in tf.data.TFRecordDataset(os.path.join(str(out), name)):
                 feature = tf.train.Example.FromString(raw.numpy()).features.feature
-                weights = list(feature[LOSS_WEIGHTS].int64_list.value) if LOSS_WEIGHTS in feature else []
-                rows.append((list(feature["tokens"].int64_list.value), weights))
+                if WEIGHTED_TOKENS in feature:  # each token 2 * id + weight
+                    values = list(feature[WEIGHTED_TOKENS].int64_list.value)
+                    rows.append(([v >> 1 for v in values], [v & 1 for v in values]))
+                else:
+                    rows.append((list(feature["tokens"].int64_list.value), []))
     return rows
 
 
@@ -297,17 +300,17 @@ def test_metadata_counts_and_cli_summary(tmp_path, capsys):
     assert sum(e["num_conversations"] for e in metadata["splits"].values()) == len(chats)
     assert metadata["chat"]["special_tokens"] == {"<|im_start|>": 259, "<|im_end|>": 260}
     assert metadata["chat"]["end_of_turn_id"] == 260 and metadata["chat"]["schema"] == "messages"
-    assert metadata["features"] == {"tokens": {"dtype": "int64", "kind": "ragged"},
-                                    LOSS_WEIGHTS: {"dtype": "int64", "kind": "ragged"}}
+    assert metadata["features"] == {WEIGHTED_TOKENS: {"dtype": "int64", "kind": "ragged"}}
+    assert metadata["chat"]["feature"] == WEIGHTED_TOKENS
     assert "train: 18 conversations" in out and "trained on)" in out
-    assert "loss_weights: {dtype: int64, kind: ragged}" in out  # the config lines that read it
+    assert "weighted_tokens: {dtype: int64, kind: ragged}" in out  # the config lines that read it
 
 
 def test_loss_on_all_writes_no_weights_and_keeps_conversations_without_answers(tmp_path):
     unanswered = {"messages": [{"role": "user", "content": "Nobody answers this."}]}
     path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations()[:4]] + [unanswered])
     metadata = run_convert(ChatSource([path], loss_on="all", shuffle=False), tmp_path / "out")
-    assert LOSS_WEIGHTS not in metadata["features"] and metadata["chat"]["loss_on"] == "all"
+    assert list(metadata["features"]) == ["tokens"] and metadata["chat"]["loss_on"] == "all"
     rows = read_records(tmp_path / "out")
     assert len(rows) == 5 and all(weights == [] for _, weights in rows)
     assert metadata["splits"]["train"]["num_weighted_tokens"] == metadata["splits"]["train"]["num_tokens"]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tpu_pipeline.config import config_from_dict
-from tpu_pipeline.config.data import LOSS_WEIGHTS
+from tpu_pipeline.config.data import LOSS_WEIGHTS, WEIGHTED_TOKENS
 from tpu_pipeline.format import dataset_tokenizer
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.records import ConvertOptions, convert
@@ -47,11 +47,14 @@ def sets(tmp_path_factory) -> dict:
     chat = str(root / "chat")
     # LENGTH + 1 tokens at most: lm_shift's LENGTH targets fill one row, no conversation is cut across rows
     convert(ChatSource([path], max_tokens=LENGTH + 1, seed=1), chat, ConvertOptions(min_shards=2, progress=False))
+    plain = str(root / "chat_all")  # the same conversations, every token trained (plain `tokens`, no weights)
+    convert(ChatSource([path], max_tokens=LENGTH + 1, seed=1, loss_on="all"), plain,
+            ConvertOptions(min_shards=2, progress=False))
     text = str(root / "text")
     convert(TextSource([write_corpus(root / "corpus", 200, seed=4)], text_field="text"), text,
             ConvertOptions(min_shards=2, progress=False))
     conversations = [json.loads(line)["messages"] for line in open(path, encoding="utf-8")]
-    return {"chat": chat, "text": text, "conversations": conversations}
+    return {"chat": chat, "chat_all": plain, "text": text, "conversations": conversations}
 
 
 def answer_suffixes(conversations: list[list[dict]]) -> set[str]:
@@ -66,8 +69,8 @@ def answer_suffixes(conversations: list[list[dict]]) -> set[str]:
 
 def chat_data(directory: str, **overrides) -> dict:
     data = {"source": {"type": "tfrecord", "dir": directory, "split": "train"},
-            "features": {"tokens": TOKENS, LOSS_WEIGHTS: TOKENS},
-            "preprocess": [{"op": "lm_shift", "key": "tokens"}],
+            "features": {WEIGHTED_TOKENS: TOKENS},  # each token 2 * id + weight, as convert --from chat writes
+            "preprocess": [{"op": "lm_shift", "key": WEIGHTED_TOKENS}],
             "sequence": {"keys": ["inputs", "targets", LOSS_WEIGHTS], "length": LENGTH, "mode": "pack", "window": 16},
             "shuffle": {"buffer_size": 64}, "repeat": 1, "batch_size": 4, "drop_remainder": False, "seed": 5}
     data.update(overrides)
@@ -80,14 +83,15 @@ def mixture_data(sets: dict, weighted: bool, **overrides) -> dict:
     data = chat_data(sets["chat"], **overrides)
     data.pop("source")
     data["preprocess"] = []
-    chat_features = {"tokens": TOKENS, LOSS_WEIGHTS: TOKENS} if weighted else {"tokens": TOKENS}
+    chat_key = WEIGHTED_TOKENS if weighted else "tokens"
     default = {"default_weight": 1} if weighted else {}
     if not weighted:
         data["features"] = {"tokens": TOKENS}
         data["sequence"] = {**data["sequence"], "keys": ["inputs", "targets"]}
     data["mixture"] = {"weight_by": "tokens", "sources": [
-        {"name": "chat", "weight": 0.7, "exhausted": "stop", "source": {"type": "tfrecord", "dir": sets["chat"], "split": "train"},
-         "features": chat_features, "preprocess": [{"op": "lm_shift", "key": "tokens"}]},
+        {"name": "chat", "weight": 0.7, "exhausted": "stop",
+         "source": {"type": "tfrecord", "dir": sets["chat" if weighted else "chat_all"], "split": "train"},
+         "features": {chat_key: TOKENS}, "preprocess": [{"op": "lm_shift", "key": chat_key}]},
         {"name": "text", "weight": 0.3, "exhausted": "stop", "source": {"type": "tfrecord", "dir": sets["text"], "split": "train"},
          "features": {"tokens": TOKENS}, "preprocess": [{"op": "lm_shift", "key": "tokens", **default}]}]}
     return data

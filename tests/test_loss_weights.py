@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 from tpu_pipeline.config import config_from_dict
-from tpu_pipeline.config.data import LOSS_WEIGHTS, OpConfig
+from tpu_pipeline.config.data import LOSS_WEIGHTS, WEIGHTED_TOKENS, OpConfig
+from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.ops import build_ops
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.records.writer import write_split
@@ -59,16 +60,37 @@ def lm_shift(**arguments):
     return fn
 
 
+def apart(out: dict) -> dict:
+    """lm_shift's `weighted_targets` (2 * id + weight) as `targets` and `loss_weights`, taken apart by hand."""
+    out = dict(out)
+    values = out.pop("weighted_targets")
+    plain = values.to_list() if isinstance(values, tf.RaggedTensor) else values.numpy().tolist()
+    halve = lambda v: [halve(x) for x in v] if isinstance(v, list) else v // 2  # noqa: E731
+    parity = lambda v: [parity(x) for x in v] if isinstance(v, list) else v % 2  # noqa: E731
+    return {**out, "targets": halve(plain), LOSS_WEIGHTS: parity(plain)}
+
+
 def test_lm_shift_makes_each_targets_weight_that_of_its_token():
+    """The weights given beside the tokens, or inside them (`weighted_tokens`, what convert --from chat writes):
+    either way each target leaves with its token's weight inside it, `weighted_targets`."""
     shift = lm_shift()
-    one = shift({"tokens": tf.constant([5, 6, 7, 8]), LOSS_WEIGHTS: tf.constant([0, 0, 1, 1])})
-    assert one["targets"].numpy().tolist() == [6, 7, 8] and one[LOSS_WEIGHTS].numpy().tolist() == [0, 1, 1]
+    one = apart(shift({"tokens": tf.constant([5, 6, 7, 8]), LOSS_WEIGHTS: tf.constant([0, 0, 1, 1])}))
+    assert one["targets"] == [6, 7, 8] and one[LOSS_WEIGHTS] == [0, 1, 1] and set(one) == {"inputs", "targets",
+                                                                                          LOSS_WEIGHTS}
     assert one["inputs"].numpy().tolist() == [5, 6, 7]
-    batch = shift({"tokens": tf.ragged.constant([[5, 6, 7], [9], [], [1, 2]]),
-                   LOSS_WEIGHTS: tf.ragged.constant([[1, 0, 1], [1], [], [0, 1]])})
-    assert batch["targets"].to_list() == [[6, 7], [], [], [2]]
-    assert batch[LOSS_WEIGHTS].to_list() == [[0, 1], [], [], [1]]
+    tokens, weights = [[5, 6, 7], [9], [], [1, 2]], [[1, 0, 1], [1], [], [0, 1]]
+    batch = apart(shift({"tokens": tf.ragged.constant(tokens), LOSS_WEIGHTS: tf.ragged.constant(weights)}))
+    assert batch["targets"] == [[6, 7], [], [], [2]] and batch[LOSS_WEIGHTS] == [[0, 1], [], [], [1]]
     assert "tokens" not in batch and set(shift({"tokens": tf.constant([1, 2])})) == {"inputs", "targets"}
+    folded = [[2 * t + w for t, w in zip(row_t, row_w)] for row_t, row_w in zip(tokens, weights)]
+    inside = lm_shift(key="weighted_tokens")
+    same = apart(inside({"weighted_tokens": tf.ragged.constant(folded, tf.int64)}))
+    assert same["inputs"].to_list() == [[5, 6], [], [], [1]]
+    assert same["targets"] == batch["targets"] and same[LOSS_WEIGHTS] == batch[LOSS_WEIGHTS]
+    alone = apart(inside({"weighted_tokens": tf.constant(folded[0], tf.int64)}))
+    assert alone["inputs"].numpy().tolist() == [5, 6] and alone["targets"] == [6, 7] and alone[LOSS_WEIGHTS] == [0, 1]
+    with pytest.raises(ConfigError, match="holds its weights already"):
+        lm_shift(key="weighted_tokens", default_weight=1)
 
 
 def test_lm_shift_refuses_weights_that_are_not_one_per_token_naming_both():
@@ -169,6 +191,46 @@ def test_packed_weights_ride_in_their_targets_and_give_the_rows_packing_them_apa
         tf.nest.assert_same_structure(got, expected)
         for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected)):
             assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+@pytest.fixture(scope="module")
+def inside_files(tmp_path_factory) -> str:
+    """coin_files' records as `convert --from chat` writes them: one list, `weighted_tokens`, each 2 * id + weight."""
+    root = tmp_path_factory.mktemp("inside_weights")
+    rng = np.random.default_rng(8)  # coin_files' weights, drawn in the same order
+
+    def example(tokens: list[int]) -> bytes:
+        values = [2 * token + int(weight) for token, weight in zip(tokens, rng.integers(0, 2, len(tokens)))]
+        feature = {WEIGHTED_TOKENS: tf.train.Feature(int64_list=tf.train.Int64List(value=values))}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    write_split((example(tokens) for tokens in documents()), str(root), "train", 3)
+    return str(root / "train-*.tfrecord")
+
+
+@pytest.mark.parametrize("mode", ["pack", "pad", "bucket"])
+def test_weights_inside_the_tokens_give_the_batches_of_weights_beside_them(coin_files, inside_files, mode):
+    """`lm_shift key: weighted_tokens` reads each token as 2 * id + weight: pack (rows shuffled), pad and bucket
+    deliver the batches the two-key form of the same records gives, array for array, in the same order."""
+    def batches(files: str, inside: bool) -> list:
+        data = lm_data(files, mode, "split" if mode == "pack" else "truncate")
+        if mode == "pack":
+            data["sequence"] = {**data["sequence"], "row_shuffle": 2}
+        if inside:
+            data["features"] = {WEIGHTED_TOKENS: {"dtype": "int64", "kind": "ragged"}}
+            data["preprocess"] = [{"op": "lm_shift", "key": WEIGHTED_TOKENS}]
+        config = config_from_dict({"data": data, "train": {"task": "language_model"},
+                                   "model": {"architecture": "transformer"}})
+        return [tf.nest.map_structure(lambda t: t.numpy(), batch) for batch in Pipeline.from_config(config.data).build()]
+
+    inside, beside = batches(inside_files, True), batches(coin_files, False)
+    assert len(inside) == len(beside) > 4
+    for got, expected in zip(inside, beside):
+        tf.nest.assert_same_structure(got, expected)
+        for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected)):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    weights = np.concatenate([batch[2].ravel() for batch in inside])
+    assert 0 < weights.sum() < weights.size  # some targets trained on, some not
 
 
 def test_weights_packed_in_one_call_warn_of_nothing(files):
@@ -281,14 +343,14 @@ def test_train_on_weighted_tokens_trains_and_evaluates_on_them(files, tmp_path):
 
 def test_lm_shift_gives_examples_without_weights_its_default_weight_and_refuses_another():
     shift = lm_shift(default_weight=1)
-    one = shift({"tokens": tf.constant([5, 6, 7])})
-    assert one[LOSS_WEIGHTS].numpy().tolist() == [1, 1] and one[LOSS_WEIGHTS].dtype == tf.int32  # the tokens'
-    assert shift({"tokens": tf.constant([5, 6], tf.int64)})[LOSS_WEIGHTS].dtype == tf.int64
-    batch = shift({"tokens": tf.ragged.constant([[5, 6, 7], [], [1, 2]])})
-    assert batch[LOSS_WEIGHTS].to_list() == [[1, 1], [], [1]]
-    kept = shift({"tokens": tf.constant([5, 6, 7]), LOSS_WEIGHTS: tf.constant([1, 0, 0])})
-    assert kept[LOSS_WEIGHTS].numpy().tolist() == [0, 0]  # an example's own weights win
-    from tpu_pipeline.errors import ConfigError
+    one = apart(shift({"tokens": tf.constant([5, 6, 7])}))
+    assert one[LOSS_WEIGHTS] == [1, 1] and one["targets"] == [6, 7]
+    assert shift({"tokens": tf.constant([5, 6], tf.int32)})["weighted_targets"].dtype == tf.int32  # the tokens'
+    assert shift({"tokens": tf.constant([5, 6], tf.int64)})["weighted_targets"].dtype == tf.int64
+    batch = apart(shift({"tokens": tf.ragged.constant([[5, 6, 7], [], [1, 2]])}))
+    assert batch[LOSS_WEIGHTS] == [[1, 1], [], [1]]
+    kept = apart(shift({"tokens": tf.constant([5, 6, 7]), LOSS_WEIGHTS: tf.constant([1, 0, 0])}))
+    assert kept[LOSS_WEIGHTS] == [0, 0]  # an example's own weights win
 
     for wrong in (2, 0.5, True):
         with pytest.raises(ConfigError, match="default_weight must be 0 or 1"):

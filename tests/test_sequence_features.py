@@ -277,8 +277,9 @@ def test_lm_shift_of_random_ragged_batches_with_weights_is_the_ragged_slice():
         got = shift({"tokens": tokens, "loss_weights": weights})
         rows = tokens.to_list()
         assert got["inputs"].to_list() == [row[:-1] for row in rows], rows
-        assert got["targets"].to_list() == [row[1:] for row in rows], rows
-        assert got["loss_weights"].to_list() == [[v % 2 for v in row[1:]] for row in rows], rows
+        carried = got["weighted_targets"].to_list()  # each 2 * target + its weight
+        assert [[v // 2 for v in row] for row in carried] == [row[1:] for row in rows], rows
+        assert [[v % 2 for v in row] for row in carried] == [[v % 2 for v in row[1:]] for row in rows], rows
 
 
 def test_append_and_prepend_add_one_id_even_to_an_empty_sequence():

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tpu_pipeline.config import config_from_dict
-from tpu_pipeline.config.data import LOSS_WEIGHTS
+from tpu_pipeline.config.data import LOSS_WEIGHTS, WEIGHTED_TOKENS
 from tpu_pipeline.format.metadata import shard_name, write_metadata
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.verify import verify_data
@@ -205,3 +205,33 @@ def test_on_error_skip_leaves_the_faulty_conversations_out(tmp_path):
     pipeline = Pipeline.from_config(config_from_dict({"data": data}).data)
     assert sum(1 for _ in pipeline.build()) == 2 * PER_SHARD - 2
     assert pipeline.skipped.by_kind() == {"misaligned_weights": 1, "no_weighted_token": 1}
+
+
+def test_a_set_with_the_weights_inside_its_tokens_is_checked_alike(tmp_path):
+    """What convert --from chat writes: `weighted_tokens`, each 2 * id + weight. The faults that form can hold (a
+    conversation without an answer, a split end of turn, a mask shifted either way) are named as in the two-key
+    form, and the ids meet the vocabulary as ids, not as 2 * id + weight."""
+    plants = {record: PLANTS[record] for record in (7, 9, 10, 11)}
+    paths = write_chat_dataset(str(tmp_path / "chat"), plants=plants,
+                               chat={**CHAT, "feature": WEIGHTED_TOKENS},
+                               features={WEIGHTED_TOKENS: FEATURES["tokens"]})
+    for path in paths:  # each record's two lists as one
+        records = [tf.train.Example.FromString(raw.numpy()) for raw in tf.data.TFRecordDataset(path)]
+        with tf.io.TFRecordWriter(path) as writer:
+            for record in records:
+                tokens = record.features.feature["tokens"].int64_list.value
+                weights = record.features.feature[LOSS_WEIGHTS].int64_list.value
+                values = [2 * token + weight for token, weight in zip(tokens, weights)]
+                feature = {WEIGHTED_TOKENS: tf.train.Feature(int64_list=tf.train.Int64List(value=values))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    report = verify(os.path.dirname(paths[0]), features={WEIGHTED_TOKENS: FEATURES["tokens"]},
+                    preprocess=[{"op": "lm_shift", "key": WEIGHTED_TOKENS}])
+    assert [(f.record, f.kind) for f in report.faults] == [(record, kind) for record, (_, kind) in plants.items()], \
+        report.table()
+    what = {f.record: f.what for f in report.faults}
+    assert what[10] == "the weighted run at positions 16..19 ends on token 32, not the end of turn <|im_end|> " \
+                       "(id 260); 1 of the record's 1 weighted run(s) miss it"
+    assert report.notes == [
+        f"token ids of 'weighted_tokens' checked against vocab_size {VOCAB} (metadata.json tokenizer)",
+        "a chatml chat set (metadata.json chat): the weights inside 'weighted_tokens' (2 * id + weight) checked, at "
+        "least one weighted token per conversation, each run of them ending on its end of turn <|im_end|> (id 260)"]

@@ -34,7 +34,7 @@ def demo_config(overrides: Sequence[str] = (), cache_dir: Optional[str] = None, 
 
 def ensure_builtin_data(raw: dict[str, Any]) -> None:
     """Writes the text (or code) demo where a config's data or eval_data source, or a source of its
-    mixture, points at it (a directory ending in demo_text/v1, demo_code/v2 or demo_chat/v1, as
+    mixture, points at it (a directory ending in demo_text/v1, demo_code/v2 or demo_chat/v2, as
     configs/text_lm.yaml's, configs/text_lm_mixture.yaml's and configs/chat_sft.yaml's do) and it is not there yet: such a config trains with no data of
     yours, on any machine."""
     for section in ("data", "eval_data"):

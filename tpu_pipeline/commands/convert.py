@@ -74,7 +74,8 @@ flags.DEFINE_string("tokenizer", "bytes", "text/chat: 'bytes' (UTF-8 bytes + 3, 
 flags.DEFINE_string("chat_template", "chatml", "chat: the chat template: chatml, gemma, a tokenizer_config.json (or its "
                     "folder) with a chat_template, or a .jinja file")
 flags.DEFINE_enum("loss_on", "answers", ["answers", "all"], "chat: the tokens trained on: the assistant's answers and "
-                  "their end-of-turn tokens (a loss_weights feature), or all of them (no weights written)")
+                  "their end-of-turn tokens (the weights inside the tokens: weighted_tokens), or all of them (plain "
+                  "tokens)")
 flags.DEFINE_integer("max_conversation_tokens", 65_536, "chat: a longer conversation loses its oldest exchanges whole "
                      "(--overlong truncate) or is dropped (--overlong drop); both are counted. Set it to your "
                      "data.sequence.length so that no conversation is cut in a row")
@@ -272,8 +273,10 @@ def summary(metadata: dict[str, Any], out_dir: str, written: int, reused: int, a
     if tokenizer:
         features = ", ".join(f"{name}: {{{', '.join(f'{k}: {v}' for k, v in spec.items())}}}"
                              for name, spec in metadata["features"].items())
+        key = (metadata.get("chat") or {}).get("feature")  # a chat set: each token 2 * id + weight
+        shift = f", preprocess: [{{op: lm_shift, key: {key}}}]" if key else ""
         lines.append(f"read it with:  data: {{source: {{type: tfrecord, dir: {out_dir}, split: {split}}}, "
-                     f"features: {{{features}}}}}")
+                     f"features: {{{features}}}{shift}}}")
         return "\n".join(lines)
     lines.append(f"read it with:  data.source: {{type: tfrecord, dir: {out_dir}, split: {split}}}")
     return "\n".join(lines)

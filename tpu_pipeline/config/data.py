@@ -70,6 +70,17 @@ EXAMPLE_MASK = "example_mask"  # bucket mode: 0 on the examples that fill a buck
 # makes it each target's weight; as a sequence key it is packed, padded or bucketed with the tokens, and it weighs
 # the loss and metrics instead of being an input.
 LOSS_WEIGHTS = "loss_weights"
+# The same weights carried inside the tokens, one int64 each: `2 * id + weight` (ops/weighted_values.py). What
+# `convert --from chat` writes (one list a record, not two: a packed row costs about what an unweighted one does),
+# and what `lm_shift` hands on: `weighted_<targets>` in place of `<targets>` and `loss_weights`, taken apart
+# again in the rows (pipeline/sequences/carried_weights.py).
+WEIGHTED_TOKENS = "weighted_tokens"
+WEIGHTED_PREFIX = "weighted_"
+
+
+def weighted_key(target: str) -> str:
+    """The key that carries `target` and its loss weights in one value each (`weighted_targets`)."""
+    return WEIGHTED_PREFIX + target
 
 
 def weighted_target(keys: Sequence[str]) -> Optional[str]:

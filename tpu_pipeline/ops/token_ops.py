@@ -29,8 +29,9 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from tpu_pipeline.config.data import LOSS_WEIGHTS
+from tpu_pipeline.config.data import LOSS_WEIGHTS, WEIGHTED_TOKENS, weighted_key
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.ops import weighted_values
 from tpu_pipeline.ops._util import feature, one_line
 from tpu_pipeline.ops.registry import register_op
 
@@ -158,6 +159,13 @@ def _same_lengths(tokens: Any, weights: Any, key: str, weights_key: str) -> tf.O
         f"'{key}' (a different number here); write them together, one per token")
 
 
+def _on_values(fn: Callable, *tensors: Any) -> Any:
+    """`fn` on the values of one example's tensors, or of ragged batches cut alike (the first one's row splits)."""
+    if _batch(tensors[0]):
+        return tensors[0].with_flat_values(fn(*(t.flat_values for t in tensors)))
+    return fn(*tensors)
+
+
 @register_op("lm_shift", batchable=True)
 def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str = "targets", keep: bool = False,
              weights_key: str = LOSS_WEIGHTS, default_weight: Optional[int] = None):
@@ -165,16 +173,21 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
     none). `key` is removed unless `keep: true`. Shift before packing, so no target crosses examples.
     On a ragged batch: `tokens[:, :-1]`, `tokens[:, 1:]` (an empty row gives two empty rows).
 
-    Where the example has a per-token weight (`weights_key`, `loss_weights`: 1 on the tokens to learn, such as
-    an assistant's answer, 0 elsewhere), it becomes the weight of each target, `weights[1:]`, so a token is
-    trained on where it is predicted; a weight count other than the token count is refused when it runs.
-    `default_weight` (0 or 1) gives examples without one that weight on every target, in the tokens' dtype (as
-    the parsed weights of other sources have it): a plain-text source mixed with instruction data trains on all
-    its tokens with `default_weight: 1`."""
+    Loss weights (1 on the tokens to learn, such as an assistant's answer, 0 elsewhere) become each target's
+    weight, `weights[1:]`, so a token is trained on where it is predicted. They come three ways, and each target
+    then leaves with its weight inside it, as `weighted_<targets_key>` (`2 * id + weight`, ops/weighted_values.py;
+    data.sequence takes them apart in the rows as `<targets_key>` and `loss_weights`):
+    - `key: weighted_tokens`, what `convert --from chat` writes: each token already `2 * id + weight`;
+    - a feature `weights_key` (`loss_weights`) beside the tokens, one per token (another count is refused when
+      it runs);
+    - `default_weight` (0 or 1) for examples without either: a plain-text source mixed with instruction data
+      trains on all its tokens with `default_weight: 1`."""
     op = "lm_shift"
     key = _name(key, op, "key")
     inputs_key, targets_key = _name(inputs_key, op, "inputs_key"), _name(targets_key, op, "targets_key")
     weights_key = _name(weights_key, op, "weights_key")
+    folded_in = key == WEIGHTED_TOKENS
+    carried = weighted_key(targets_key)
     if inputs_key == targets_key:
         raise ConfigError(f"op 'lm_shift': inputs_key and targets_key are both {inputs_key!r}; give two names")
     if weights_key in (key, inputs_key, targets_key):
@@ -186,30 +199,42 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
                                        or not isinstance(default_weight, int)):
         raise ConfigError(f"op 'lm_shift': default_weight must be 0 or 1 (the {weights_key} of examples without "
                           f"them), got {default_weight!r}")
-    if keep and key in (inputs_key, targets_key):
+    if default_weight is not None and folded_in:
+        raise ConfigError(f"op 'lm_shift': key {key!r} holds its weights already (each token 2 * id + weight); "
+                          "drop default_weight")
+    if keep and key in (inputs_key, targets_key, carried):
         raise ConfigError(f"op 'lm_shift': keep: true keeps {key!r}, which is also an output name; "
                           "set keep: false or other inputs_key/targets_key")
 
     def apply(features, seed=None):
         tokens = _sequence(features, key, op)
-        clash = sorted(k for k in (inputs_key, targets_key) if k in features and k != key)
+        clash = sorted(k for k in (inputs_key, targets_key, carried) if k in features and k != key)
         if clash:
             raise _refused(f"op 'lm_shift': feature(s) {clash} exist already and would be overwritten; set "
                            "inputs_key/targets_key to other names (or drop them with op keep)")
-        out = {k: v for k, v in features.items() if keep or k != key}
+        out = {k: v for k, v in features.items() if (keep or k != key) and k != weights_key}
         weights = _sequence(features, weights_key, op) if weights_key in features else None
+        if weights is not None and folded_in:
+            raise _refused(f"op 'lm_shift': feature {key!r} holds its weights already (each token 2 * id + weight) "
+                           f"and {weights_key!r} gives them again; read one of the two")
         if weights is not None:  # each target's weight is its token's: cut by the tokens' own indices
             with tf.control_dependencies([_same_lengths(tokens, weights, key, weights_key)]):
                 if _batch(tokens):
-                    out[inputs_key], out[targets_key], out[weights_key] = _shift_batch(tokens, weights)
+                    inputs, targets, weights = _shift_batch(tokens, weights)
                 else:
-                    out[inputs_key], out[targets_key], out[weights_key] = tokens[:-1], tokens[1:], weights[1:]
-        elif _batch(tokens):
-            out[inputs_key], out[targets_key] = _shift_batch(tokens)
+                    inputs, targets, weights = tokens[:-1], tokens[1:], weights[1:]
+            out[inputs_key] = inputs
+            out[carried] = _on_values(lambda t, w: weighted_values.fold(t, w, weights_key, targets_key, "op 'lm_shift': "), targets,
+                                      weights)
+            return out
+        inputs, targets = _shift_batch(tokens) if _batch(tokens) else (tokens[:-1], tokens[1:])
+        if folded_in:  # the inputs are ids; each target keeps its weight inside it
+            out[inputs_key], out[carried] = _on_values(weighted_values.ids_of, inputs), targets
+        elif default_weight is not None:  # every target weighs default_weight
+            out[inputs_key] = inputs
+            out[carried] = _on_values(lambda t: t * 2 + default_weight, targets)
         else:
-            out[inputs_key], out[targets_key] = tokens[:-1], tokens[1:]
-        if weights is None and default_weight is not None:  # one per target, ragged or not, in the tokens' dtype
-            out[weights_key] = tf.ones_like(out[targets_key]) * default_weight
+            out[inputs_key], out[targets_key] = inputs, targets
         return out
 
     return apply

@@ -1,5 +1,5 @@
 """`convert --from chat`: chat and instruction data in JSON lines, Parquet (the hub's layout) or a save_to_disk
-folder → `tokens` + `loss_weights` records (records/chat_records.py).
+folder → `weighted_tokens` records (records/chat_records.py).
 
 JSON lines are read as `--from text` reads them (TextSource: offsets only in memory, documents shuffled and
 split by fraction, tokenized in worker threads); Parquet and save_to_disk folders as `--from parquet|hf` reads
@@ -65,7 +65,7 @@ def chat_records(template: Union[str, ChatTemplate], tokenizer: Union[str, Token
 
 
 class ChatSource(TextSource):
-    """JSON lines of conversations as a ConvertSource: one record per line, `tokens` and `loss_weights`."""
+    """JSON lines of conversations as a ConvertSource: one record per line, `weighted_tokens`."""
 
     kind = "chat"
     max_workers = 2  # mostly Python: more threads only contend for the GIL with the writer (SourceExtras)

@@ -1,4 +1,4 @@
-"""Chat and instruction records → `tokens` + `loss_weights` tf.Examples: what `convert --from chat` writes.
+"""Chat and instruction records → `weighted_tokens` tf.Examples: what `convert --from chat` writes.
 
 A record is one of three schemas, detected from the first record of the input (`detect_schema`):
 
@@ -8,8 +8,10 @@ A record is one of three schemas, detected from the first record of the input (`
 - `question` / `answer`: one exchange.
 
 Each conversation is rendered with the chat template and tokenized whole (format/chat_encoding.py); its
-`loss_weights` are 1 on every assistant answer and its end-of-turn token, 0 elsewhere (`loss_on: all` writes
-no weights: every token is trained on). A conversation longer than `max_tokens` is truncated by dropping its
+loss weights are 1 on every assistant answer and its end-of-turn token, 0 elsewhere, and each token is written
+with its weight inside it: `weighted_tokens`, `2 * id + weight` (one int64 list a record, not two: parsed and
+packed, weighted rows cost about what plain ones do; ops/weighted_values.py). `loss_on: all` writes plain
+`tokens`, no weights: every token is trained on. A conversation longer than `max_tokens` is truncated by dropping its
 oldest exchanges whole (a user turn and the turns that answer it; the system message stays), never cutting
 inside a turn, or dropped (`overlong: drop`, or when even its last exchange does not fit); both are counted in
 metadata.json. A conversation with no answer to learn from is an ItemError (`--on_error skip` counts it), unless every token is
@@ -23,7 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from tpu_pipeline.config.data import LOSS_WEIGHTS
+from tpu_pipeline.config.data import WEIGHTED_TOKENS
 from tpu_pipeline.errors import ConfigError, DataError
 from tpu_pipeline.format.chat_encoding import ChatEncoder
 from tpu_pipeline.format.chat_template import ROLES, ChatTemplate, Rendered
@@ -90,19 +92,8 @@ def to_messages(record: Mapping[str, Any], schema: str, where: str, need_answer:
     return messages
 
 
-def _entry(name: str, payload: bytes) -> bytes:
-    """A serialized Features map entry `name: Int64List(payload)`, payload being packed varints."""
-    from tpu_pipeline.records.token_records import _varint
-
-    key = name.encode()
-    int64_list = b"\x0a" + _varint(len(payload)) + payload
-    feature = b"\x1a" + _varint(len(int64_list)) + int64_list
-    entry = b"\x0a" + _varint(len(key)) + key + b"\x12" + _varint(len(feature)) + feature
-    return b"\x0a" + _varint(len(entry)) + entry
-
-
 class ChatRecords(TokenRecords):
-    """Conversations → one record each (`tokens`, `loss_weights`), and the chat entry of metadata.json."""
+    """Conversations → one record each (`weighted_tokens`), and the chat entry of metadata.json."""
 
     def __init__(self, template: ChatTemplate, tokenizer: Tokenizer, *, schema: str, loss_on: str = "answers",
                  max_tokens: int = 65_536, overlong: str = "truncate", tokenizer_spec: str = "") -> None:
@@ -162,13 +153,20 @@ class ChatRecords(TokenRecords):
         if good:
             chosen = np.zeros(len(rows), bool)
             chosen[good] = True
-            others = ([_entry(LOSS_WEIGHTS, weights[bounds[k]:bounds[k + 1]].tobytes()) for k in good]
-                      if self.loss_on == "answers" else None)
-            examples = token_examples(ids[np.repeat(chosen, lengths)],
-                                      np.concatenate([[0], np.cumsum(lengths[good])]), others)
+            kept = np.repeat(chosen, lengths)
+            examples = token_examples(self._written(ids[kept], weights[kept]),
+                                      np.concatenate([[0], np.cumsum(lengths[good])]), name=self.feature)
             for example, k in zip(examples, good):
                 out[rows[k]] = (Encoded((example,), self._chat_stats(int(lengths[k]), int(weighted[k]), 0)), None)
         return out
+
+    @property
+    def feature(self) -> str:
+        """The one feature a record holds: `weighted_tokens` (2 * id + weight), or `tokens` for `loss_on: all`."""
+        return WEIGHTED_TOKENS if self.loss_on == "answers" else FEATURE
+
+    def _written(self, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        return ids * 2 + weights.astype(np.int64, copy=False) if self.loss_on == "answers" else ids
 
     @staticmethod
     def _chat_stats(length: int, weighted: int, dropped_turns: int) -> dict[str, int]:
@@ -193,8 +191,7 @@ class ChatRecords(TokenRecords):
         if not weighted:
             return None, ItemError(where, "no weighted token left after dropping its oldest exchanges to fit "
                                           f"--max_conversation_tokens {self.max_tokens}")
-        other = [_entry(LOSS_WEIGHTS, weights.tobytes())] if self.loss_on == "answers" else None
-        example, = token_examples(ids, np.array([0, len(ids)], np.int64), other)
+        example, = token_examples(self._written(ids, weights), np.array([0, len(ids)], np.int64), name=self.feature)
         return Encoded((example,), self._chat_stats(len(ids), weighted, dropped_turns)), None
 
     def _render(self, messages: list[dict[str, str]], where: str) -> Rendered:
@@ -230,17 +227,14 @@ class ChatRecords(TokenRecords):
         return entry
 
     def chat_entry(self) -> dict[str, Any]:
-        return {**self.encoder.describe(), "schema": self.schema, "loss_on": self.loss_on,
+        return {**self.encoder.describe(), "schema": self.schema, "loss_on": self.loss_on, "feature": self.feature,
                 "max_conversation_tokens": self.max_tokens, "overlong": self.overlong}
 
     def extra_metadata(self) -> dict[str, Any]:
         return {"tokenizer": self.tokenizer.describe(), "chat": self.chat_entry()}
 
     def features(self) -> dict[str, dict[str, Any]]:
-        found = {FEATURE: {"dtype": "int64", "kind": "ragged"}}
-        if self.loss_on == "answers":
-            found[LOSS_WEIGHTS] = {"dtype": "int64", "kind": "ragged"}
-        return found
+        return {self.feature: {"dtype": "int64", "kind": "ragged"}}
 
     def identity(self) -> dict[str, Any]:
         return {**super().identity(), "chat": {**self.chat_entry(), "template_source": self.template.source}}

@@ -203,7 +203,7 @@ def write_instruction_set(out_dir: str, *, schemas: Sequence[str] = SCHEMAS, for
     return {schema: [path for path, _ in files] for schema, files in written.items()}
 
 
-CHAT_DEMO_DIR = os.path.join("demo_chat", "v1")  # under the cache; configs/chat_sft.yaml names it
+CHAT_DEMO_DIR = os.path.join("demo_chat", "v2")  # under the cache (v2: weighted_tokens); configs/chat_sft.yaml names it
 CHAT_DEMO_TOKENS = 512  # --max_conversation_tokens of the demo: its data.sequence.length
 
 

@@ -94,8 +94,9 @@ def varints(values: np.ndarray) -> tuple[np.ndarray, Optional[np.ndarray]]:
     return table[np.arange(width, dtype=np.uint8)[None, :] < size[:, None]], size - 1
 
 
-def token_examples(ids: np.ndarray, bounds: np.ndarray, others: Optional[Sequence[bytes]] = None) -> list[bytes]:
-    """Serialized `{tokens: int64 list}` tf.Examples, one per [bounds[i], bounds[i+1]) of `ids` (every
+def token_examples(ids: np.ndarray, bounds: np.ndarray, others: Optional[Sequence[bytes]] = None,
+                   name: str = FEATURE) -> list[bytes]:
+    """Serialized `{<name>: int64 list}` tf.Examples (`tokens`), one per [bounds[i], bounds[i+1]) of `ids` (every
     range non-empty): exactly the bytes of `tf.train.Example(...).SerializeToString()`. `others[i]`, when
     given, holds more features of record i, serialized as a `tf.train.Features` (its map entries)."""
     data, extra = varints(ids)
@@ -106,7 +107,7 @@ def token_examples(ids: np.ndarray, bounds: np.ndarray, others: Optional[Sequenc
     else:
         offsets = bounds.tolist()
     view = memoryview(data)
-    key = _varint(len(FEATURE)) + FEATURE.encode()
+    key = _varint(len(name)) + name.encode()
     records = []
     for index, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
         other = others[index] if others is not None else b""

@@ -1,12 +1,14 @@
 """Checking a chat (instruction) record's loss mask against its tokens: what `verify` adds for a dataset
 whose metadata.json has a `chat` entry (`convert --from chat`), called per record by `record_check.FileChecker`.
 
-A record is one rendered conversation: `tokens`, and `loss_weights` (one per token: 1 on what the model
-learns, the assistant's answers and their end-of-turn token; 0 elsewhere), unless `chat.loss_on` is "all"
-(no weights written: every token is trained). A wrong mask trains without an error and looks fine in a
-log, so it is checked here, in this order, the first fault a record's:
+A record is one rendered conversation: `weighted_tokens`, each token `2 * id + weight` (weight 1 on what the
+model learns, the assistant's answers and their end-of-turn token; 0 elsewhere), or, as sets written before
+and users' own are, `tokens` and `loss_weights` beside them (one per token); `chat.loss_on` "all" writes plain
+`tokens` (every token is trained). A wrong mask trains without an error and looks fine in a log, so it is
+checked here, in this order, the first fault a record's:
 
-1. `loss_weights` present when loss_on is "answers", one weight per token (`loss_weights`);
+1. weights present when loss_on is "answers", one per token (`loss_weights`: by construction in
+   `weighted_tokens`);
 2. every weight 0 or 1 (`loss_weights`; this one for any config whose features hold `loss_weights` too);
 3. at least one weight 1: a conversation without an assistant answer teaches nothing (`no_weighted_token`);
 4. the template's end-of-turn id (`chat.end_of_turn_id`, when known) in the record (`no_end_of_turn`: the
@@ -28,12 +30,12 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tpu_pipeline.config.data import LOSS_WEIGHTS
+from tpu_pipeline.config.data import LOSS_WEIGHTS, WEIGHTED_TOKENS
 from tpu_pipeline.config.features import FeatureConfig
 from tpu_pipeline.format.example_check import Record, context_features, token_ids
 from tpu_pipeline.format.metadata import read_metadata
 
-TOKENS = "tokens"  # the rendered conversation's ids, as `convert --from chat` writes them
+TOKENS = "tokens"  # the ids beside `loss_weights` (sets written before `weighted_tokens`, users' own; loss_on all)
 
 FIXES = {
     "loss_weights": "write one loss weight per token, 1 on the assistant's answers and their end of turn, 0 elsewhere: "
@@ -54,6 +56,7 @@ class ChatSpec:
     loss_on: str  # "answers" (loss_weights written) or "all" (none: every token trained)
     end_of_turn: Optional[str]
     end_of_turn_id: Optional[int]  # None: the template's end of turn is unknown, so check 4 is not made
+    feature: str = LOSS_WEIGHTS  # where the weights are: `weighted_tokens` (inside the ids), or `loss_weights`
 
     @property
     def weighted(self) -> bool:
@@ -78,8 +81,11 @@ def chat_note(specs: Sequence[Optional[ChatSpec]]) -> Optional[str]:
                 f"each conversation's {spec.turn_end()} checked" if known else "its end of turn unknown, not checked"))
             continue
         turn = f", each run of them ending on its {spec.turn_end()}" if known else ""
-        said.append(f"a {spec.template} chat set (metadata.json chat): {LOSS_WEIGHTS!r} checked, 0 or 1, one per "
-                    f"token, at least one weighted token per conversation{turn}")
+        inside = spec.feature == WEIGHTED_TOKENS
+        weights = (f"the weights inside {WEIGHTED_TOKENS!r} (2 * id + weight) checked" if inside
+                   else f"{LOSS_WEIGHTS!r} checked, 0 or 1, one per token")
+        said.append(f"a {spec.template} chat set (metadata.json chat): {weights}, at least one weighted token per "
+                    f"conversation{turn}")
     files = sum(spec is not None for spec in specs)
     where = f" ({files} of {len(specs)} file(s))" if files < len(specs) else ""
     return "; ".join(said) + where
@@ -93,8 +99,9 @@ def chat_spec(metadata: Optional[Mapping[str, Any]]) -> Optional[ChatSpec]:
     end_id = chat.get("end_of_turn_id")
     end_id = end_id if isinstance(end_id, int) and not isinstance(end_id, bool) else None
     end = chat.get("end_of_turn")
+    feature = WEIGHTED_TOKENS if chat.get("feature") == WEIGHTED_TOKENS else LOSS_WEIGHTS
     return ChatSpec(str(chat.get("template") or "?"), str(chat.get("loss_on") or "answers"),
-                    end if isinstance(end, str) else None, end_id)
+                    end if isinstance(end, str) else None, end_id, feature)
 
 
 class DatasetChats:
@@ -145,6 +152,9 @@ def _stored_kind(example: Record, name: str) -> Optional[str]:
 def chat_fault(example: Record, features: Mapping[str, Any], chat: Optional[ChatSpec]) -> Optional[ChatFault]:
     """The first fault of one record's loss mask (module docstring); `chat` None: only the 0/1 check, for a
     config whose features hold `loss_weights`. Dtypes the spec declares are `misfit`'s, checked before."""
+    folded = token_ids(example, WEIGHTED_TOKENS, features.get(WEIGHTED_TOKENS) or _RAGGED)
+    if folded is not None:  # each token 2 * id + weight: one weight per token, 0 or 1, by construction
+        return _mask_fault(folded >> 1, folded & 1, chat)
     declared = features.get(LOSS_WEIGHTS)
     if declared is not None and declared.dtype != "int64":
         return None  # float weights: a weighting the user chose, not a 0/1 mask
@@ -157,7 +167,7 @@ def chat_fault(example: Record, features: Mapping[str, Any], chat: Optional[Chat
     tokens = token_ids(example, TOKENS, features.get(TOKENS) or _RAGGED) if chat is not None else None
     if chat is not None and chat.weighted:
         if weights is None:
-            return ChatFault("loss_weights", f"has no feature {LOSS_WEIGHTS!r}, which metadata.json chat.loss_on "
+            return ChatFault("loss_weights", f"has no feature {chat.feature!r}, which metadata.json chat.loss_on "
                              f"{chat.loss_on!r} says every record holds (one weight per token)", FIXES["loss_weights"])
         if tokens is not None and weights.size != tokens.size:
             return ChatFault("loss_weights", f"feature {LOSS_WEIGHTS!r} holds {weights.size} weight(s) for the "
@@ -168,6 +178,12 @@ def chat_fault(example: Record, features: Mapping[str, Any], chat: Optional[Chat
             at = int(bad[0])
             return ChatFault("loss_weights", f"weight {int(weights[at])} at position {at} of feature {LOSS_WEIGHTS!r} "
                              "is not 0 or 1", FIXES["loss_weights"])
+    return _mask_fault(tokens, weights, chat)
+
+
+def _mask_fault(tokens: Optional[np.ndarray], weights: Optional[np.ndarray], chat: Optional[ChatSpec]
+                ) -> Optional[ChatFault]:
+    """Checks 3 and 4 (module docstring) of one record's ids and 0/1 weights (None: loss_on all)."""
     if chat is None or tokens is None or not tokens.size:
         return None  # no chat data, or no tokens (an empty document is the token check's)
     if chat.weighted and weights is not None and not weights.any():

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from tpu_pipeline.config.data import LOSS_WEIGHTS, DataConfig
+from tpu_pipeline.config.data import LOSS_WEIGHTS, WEIGHTED_TOKENS, DataConfig
 from tpu_pipeline.format.example_check import (Record as Proto, context_features, is_token_feature, misfit,
                                                 parse_record, token_ids)
 from tpu_pipeline.format.sniff import file_hint
@@ -185,6 +185,8 @@ class FileChecker:
             ids = token_ids(example, name, feature)
             if ids is None:
                 continue  # absent, and its default [] allows it (else misfit named it)
+            if name == WEIGHTED_TOKENS:
+                ids = ids >> 1  # each 2 * id + weight (the weights are chat_fault's)
             if not ids.size:
                 if feature.default is None:  # default: [] says empty sequences are meant
                     return Fault(path, record.index, record.offset, "empty_document",
@@ -211,7 +213,7 @@ class FileChecker:
         if token is not None:
             return token
         chat = self.chats(path)
-        if chat is not None or LOSS_WEIGHTS in self.features:
+        if chat is not None or LOSS_WEIGHTS in self.features or WEIGHTED_TOKENS in self.features:
             found_chat = chat_fault(example, self.features, chat)
             if found_chat is not None:
                 return Fault(path, record.index, record.offset, *found_chat)

@@ -3,11 +3,14 @@ what an unweighted one does.
 
 Why: the packer's cost is per key (chunk, window and write each key's values), and `loss_weights` is one weight
 per target, aligned with it token for token, 0 or 1. Packed as a key of its own it cost a fifth of the tokens/s
-(issue 50). So each target becomes `2 · target + weight` before the chunks are cut, and is taken apart in the
-rows (a shift and a mask: exact for any token id below 2⁶² in magnitude; the outputs hold int32 ids anyway).
-The placement still sees the weights' column (a copy of the targets' counts), so the rows are the ones the two
-keys gave: byte for byte, in the same order.
+(issue 50). So each target is `2 · target + weight` (ops/weighted_values.py) through the chunks, windows and rows,
+and is taken apart in the rows (a shift and a mask: exact for any token id below 2⁶² in magnitude; the outputs
+hold int32 ids anyway). `lm_shift` hands its targets on that way already, as `weighted_targets`
+(`config.data.weighted_key`); targets and weights given as two keys are folded here. The placement still sees the
+weights' column (a copy of the targets' counts), so the rows are the ones the two keys gave: byte for byte, in
+the same order. Pad and bucket mode take the two apart first (`apart`): their rows hold each key anyway.
 
+    spec = as_two_keys(spec, keys)             # what the checks see: targets and loss_weights, as the rows have
     pair = carried_pair(keys, lengths, spec)   # (weights key, target key), or None: packed as before
     folded = fold(features, pair)              # before chunk_stream: the weights key is gone
     rows = unfold(rows, pair, spec)            # after write_rows: both keys (the weights' slots are the target's)
@@ -21,11 +24,48 @@ from typing import Any, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from tpu_pipeline.config.data import LOSS_WEIGHTS, weighted_target
+from tpu_pipeline.config.data import LOSS_WEIGHTS, weighted_key, weighted_target
+from tpu_pipeline.ops import weighted_values
 
 
 def _values_dtype(spec: Any) -> Optional[tf.DType]:
     return spec.dtype if isinstance(spec, (tf.TensorSpec, tf.RaggedTensorSpec)) else None
+
+
+def _carried_by(keys: Sequence[str], features: Mapping[str, Any]) -> Optional[tuple[str, str]]:
+    """(the target key, the key that carries it and its weights) when the element holds the targets folded
+    (`weighted_targets`, from `lm_shift`) and the sequence keys ask for both; else None."""
+    target = weighted_target(keys)
+    if target is None or LOSS_WEIGHTS not in keys or weighted_key(target) not in features:
+        return None
+    return target, weighted_key(target)
+
+
+def as_two_keys(spec: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The element spec as the checks and the rows see it: folded targets as `targets` and `loss_weights`."""
+    carried = _carried_by(keys, spec)
+    if carried is None:
+        return dict(spec)
+    target, key = carried
+    out = {name: value for name, value in spec.items() if name != key}
+    return {**out, target: spec[key], LOSS_WEIGHTS: spec[key]}
+
+
+def _values(value: Any, fn: Any) -> Any:
+    return value.with_flat_values(fn(value.flat_values)) if isinstance(value, tf.RaggedTensor) else fn(value)
+
+
+def apart(features: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """Folded targets (`weighted_targets`) as two keys again, `targets` and `loss_weights` (pad and bucket mode,
+    whose rows hold each key); any other element as it is."""
+    carried = _carried_by(keys, features)
+    if carried is None:
+        return dict(features)
+    target, key = carried
+    out = {name: value for name, value in features.items() if name != key}
+    out[target] = _values(features[key], weighted_values.ids_of)
+    out[LOSS_WEIGHTS] = _values(features[key], weighted_values.weights_of)
+    return out
 
 
 def carried_pair(keys: Sequence[str], lengths: Mapping[str, int], spec: Mapping[str, Any]) -> Optional[tuple[str, str]]:
@@ -44,21 +84,16 @@ def carried_pair(keys: Sequence[str], lengths: Mapping[str, int], spec: Mapping[
 
 
 def _folded_values(tokens: tf.Tensor, weights: tf.Tensor, pair: tuple[str, str]) -> tf.Tensor:
-    tokens, weights = tf.cast(tokens, tf.int64), tf.cast(weights, tf.int64)
-    # Seen as unsigned, a weight is 0 or 1 exactly when it is at most 1 (a negative one is huge): one pass, no copy
-    # (and 0 for no weight at all).
-    largest = tf.reduce_max(tf.bitcast(weights, tf.uint64))
-    check = tf.debugging.Assert(largest <= 1, [
-        f"data.sequence: feature '{pair[0]}' holds a weight other than 0 or 1 (loss weights are 1 on the tokens to "
-        f"learn, 0 elsewhere; pack carries each inside its token of '{pair[1]}'): fix the records, `tpu-pipeline "
-        "verify` names them"])
-    with tf.control_dependencies([check]):
-        return tokens * 2 + weights
+    return weighted_values.fold(tokens, weights, pair[0], pair[1], "data.sequence: ")
 
 
 def fold(features: Mapping[str, Any], pair: tuple[str, str]) -> dict[str, Any]:
-    """The element without the weights key, each target carrying its weight (one example, or a ragged block)."""
+    """The element without the weights key, each target carrying its weight (one example, or a ragged block);
+    targets `lm_shift` folded already (`weighted_targets`) only change their name."""
     weights_key, target = pair
+    if weighted_key(target) in features:
+        out = {key: value for key, value in features.items() if key != weighted_key(target)}
+        return {**out, target: features[weighted_key(target)]}
     tokens, weights = features[target], features[weights_key]
     out = {key: value for key, value in features.items() if key != weights_key}
     message = (f"data.sequence: feature '{weights_key}' must hold one weight per token of '{target}' (a different "
@@ -81,6 +116,6 @@ def unfold(rows: Mapping[str, tf.Tensor], pair: tuple[str, str], spec: Mapping[s
     weights_key, target = pair
     out = dict(rows)
     carried = rows[target]
-    out[target] = tf.cast(tf.bitwise.right_shift(carried, 1), _values_dtype(spec[target]))  # floor(c / 2)
-    out[weights_key] = tf.cast(tf.bitwise.bitwise_and(carried, 1), _values_dtype(spec[weights_key]))
+    out[target] = tf.cast(weighted_values.ids_of(carried), _values_dtype(spec[target]))  # floor(c / 2)
+    out[weights_key] = tf.cast(weighted_values.weights_of(carried), _values_dtype(spec[weights_key]))
     return out

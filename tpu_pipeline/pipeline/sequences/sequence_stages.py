@@ -51,7 +51,7 @@ def fit_length(tokens: tf.Tensor, key: str, length: int, overflow: str) -> tf.Te
 def pad_example(features: Features, lengths: Mapping[str, int], overflow: str = "error") -> Features:
     """One example with each key of `lengths` cut or padded to its length, and `<key>_mask` (int32,
     1 on real tokens) beside it. Padding values are 0; only the mask tells padding."""
-    out = dict(features)
+    out = features = carried_weights.apart(features, list(lengths))
     for key, length in lengths.items():
         tokens = fit_length(_one_d(features, key), key, length, overflow)
         size = tf.size(tokens)
@@ -75,7 +75,7 @@ def _one_d(features: Features, key: str) -> tf.Tensor:
 def pad_batch(features: Features, lengths: Mapping[str, int], overflow: str = "error") -> Features:
     """`pad_example` for a batch parsed as a whole: each key a ragged batch [B, None] → [B, length]
     with `<key>_mask`, the other features as they are."""
-    out = dict(features)
+    out = features = carried_weights.apart(features, list(lengths))
     for key, length in lengths.items():
         tokens = features[key]
         if not isinstance(tokens, tf.RaggedTensor):
@@ -142,6 +142,8 @@ class Windowed(Stage):
         starts); it must fall on a window boundary. `context.chunk`: chunks of that example already
         placed (pack mode); `context.skip`: outputs of the first window delivered before."""
         position, skip = context.examples, context.skip
+        if carried_weights.as_two_keys(dataset.element_spec, self.keys) != dict(dataset.element_spec):
+            dataset = dataset.map(lambda features: carried_weights.apart(features, self.keys), name="weights_apart")
         self.check_features(dataset.element_spec)
         if position % self.window:
             raise ValueError(f"a bucket window resumes at a window boundary: {position} is not a multiple of "
@@ -188,6 +190,7 @@ class PackRows(Windowed):
 
     def check_features(self, spec: Mapping[str, Any]) -> None:
         # One line naming a feature that would ride along in a row, or a missing or misshapen key.
+        spec = carried_weights.as_two_keys(spec, self.keys)
         given = all(key in spec for key in self.keys) and is_block(spec, self.keys)
         dataclasses.replace(self._packer(given), counted=self._counted(spec)).check_spec(spec)
 
@@ -196,13 +199,15 @@ class PackRows(Windowed):
         return {SOURCE_KEY: self.sources} if SOURCE_KEY in spec and self.sources else {}
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
-        spec = dataset.element_spec
+        spec = carried_weights.as_two_keys(dataset.element_spec, self.keys)  # lm_shift's folded targets: two keys
         self.check_features(spec)
         keys, skip = list(self.keys), context.skip
         counted = self._counted(spec)
         calls = tune(self.num_parallel_calls)
         parallel = {} if calls == 1 else {"num_parallel_calls": calls}
         pair = carried_weights.carried_pair(keys, self.lengths, spec)  # the weights ride in their targets' values
+        if pair is None and spec != dict(dataset.element_spec):  # folded, but the keys' lengths differ: two keys
+            dataset = dataset.map(lambda features: carried_weights.apart(features, keys), name="weights_apart")
         if pair is not None:
             in_order = {"deterministic": True, **parallel} if parallel else {}  # (tf warns of one without the other)
             dataset = dataset.map(lambda features: carried_weights.fold(features, pair), name="carry_weights", **in_order)

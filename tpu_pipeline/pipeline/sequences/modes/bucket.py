@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
+from tpu_pipeline.pipeline.sequences import carried_weights
 from tpu_pipeline.pipeline.sequences.fill_estimates import bucket_fraction
 from tpu_pipeline.pipeline.sequences.modes.base import PlanRequest, SequenceMode
 from tpu_pipeline.pipeline.sequences.sequence_plan import BUCKET_WINDOW_BATCHES, SequencePlan, default_boundaries
@@ -20,7 +21,9 @@ from tpu_pipeline.pipeline.stages.evaluation import bucketed_evaluation
 
 
 def _cut_to_length(features: dict, seed: Any = None, *, lengths: dict, batched: bool) -> dict:
-    """Each sequence key's first `length` tokens (of every example of a batch, when `batched`)."""
+    """Each sequence key's first `length` tokens (of every example of a batch, when `batched`); lm_shift's folded
+    targets as two keys first (a bucket's rows hold each)."""
+    features = carried_weights.apart(features, list(lengths))
     cut = {key: features[key][:, :length] if batched else features[key][:length] for key, length in lengths.items()}
     return {**features, **cut}
 
