@@ -1,5 +1,5 @@
 """The columns of a chat set in a Parquet or save_to_disk dataset (`convert --from chat`), one piece's rows
-encoded as `tokens` + `loss_weights` records.
+encoded as `weighted_tokens` records (each token 2 * id + its loss weight).
 
 The schema's columns (`messages`, or `prompt`/`completion`, or `question`/`answer`) are read as Python
 values (a `messages` column is a list of structs) and each row goes through the same `ChatRecords` as a JSON
