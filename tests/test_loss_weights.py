@@ -386,3 +386,22 @@ def test_plain_text_mixed_with_weighted_data_trains_on_all_its_tokens_and_the_an
         assert (weights[~real] == 0).all()
         from_text, from_answers = from_text + int(text.sum()), from_answers + int(answers.sum())
     assert from_text and from_answers
+
+
+def test_weights_read_in_the_other_form_than_stored_are_refused_with_the_config_that_reads_them(coin_files,
+                                                                                                 inside_files):
+    """A config for `weighted_tokens` on records with `tokens` + `loss_weights` (a chat set converted before), or
+    the other way round: one line naming the feature, the form the records hold, and the features and op to read
+    them with (not "set default: []", which would train on empty documents)."""
+    from tpu_pipeline.errors import ConfigError
+
+    inside = {**lm_data(coin_files, "pack"), "features": {WEIGHTED_TOKENS: {"dtype": "int64", "kind": "ragged"}},
+              "preprocess": [{"op": "lm_shift", "key": WEIGHTED_TOKENS}]}
+    for data, said in ((inside, "hold their loss weights beside the tokens ('tokens' and 'loss_weights'"),
+                       (lm_data(inside_files, "pack"), "hold each token's loss weight inside it ('weighted_tokens'")):
+        config = config_from_dict({"data": data, "train": {"task": "language_model"},
+                                   "model": {"architecture": "transformer"}})
+        with pytest.raises(ConfigError) as raised:
+            Pipeline.from_config(config.data).build()
+        line = str(raised.value)
+        assert "\n" not in line and said in line and "default: []" not in line, line

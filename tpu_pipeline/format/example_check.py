@@ -22,6 +22,8 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
+from tpu_pipeline.config.data import LOSS_WEIGHTS, WEIGHTED_TOKENS
+
 DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
 _KINDS = {"bytes_list": "string", "int64_list": "int64", "float_list": "float32"}
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -138,6 +140,20 @@ def misfit(record: Union[bytes, Record], features: Mapping[str, Any]) -> Optiona
     return None
 
 
+def _weights_form_fix(name: str, stored: Any) -> Optional[str]:
+    """The fix where a config reads loss weights in the other form than the records hold them: inside the tokens
+    (`weighted_tokens`, what `convert --from chat` writes) or beside them (`tokens` + `loss_weights`)."""
+    if name == WEIGHTED_TOKENS and LOSS_WEIGHTS in stored:
+        return ("these records hold their loss weights beside the tokens ('tokens' and 'loss_weights', as chat sets "
+                "were converted before 'weighted_tokens'): read features {tokens, loss_weights} with {op: lm_shift, "
+                "key: tokens}, or convert them again (convert --from chat)")
+    if name in ("tokens", LOSS_WEIGHTS) and WEIGHTED_TOKENS in stored:
+        return ("these records hold each token's loss weight inside it ('weighted_tokens', 2 * id + weight, as "
+                "convert --from chat writes): read features {weighted_tokens} with {op: lm_shift, key: "
+                "weighted_tokens}")
+    return None
+
+
 def _feature_misfit(name: str, feature: Any, stored: Any, example: Record, sequence: bool) -> Optional[Misfit]:
     if name not in stored:
         if feature.kind == "var" or feature.default is not None:
@@ -152,6 +168,7 @@ def _feature_misfit(name: str, feature: Any, stored: Any, example: Record, seque
             if as_sequence is not None and name in as_sequence.feature_lists.feature_list:
                 fix = (f"the records are tf.train.SequenceExamples with a feature list {name!r}: set kind: sequence "
                        "(the other features are then read from the context)")
+        fix = _weights_form_fix(name, stored) or fix
         return Misfit("missing_feature", name, f"has no {where} {name!r} (it has: {present})", fix)
     kind = stored[name].WhichOneof("kind")
     if kind is None:
