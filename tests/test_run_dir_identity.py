@@ -149,6 +149,17 @@ def test_a_packed_or_mixed_stream_on_another_number_of_hosts_is_refused_except_t
     monkeypatch.setattr(started_with, "saved_record", lambda path: {"identity": saved["identity"]})
     started_with.check_hosts(packed, "c", 1)
     started_with.check_hosts(packed, None, 1)
+    # bucket mode: every host reads the whole stream, so its places regroup (tests/test_bucket_on_another_slice.py);
+    # scaled by tokens its groups change with the slice: refused
+    bucketed = load_config(os.path.join(REPO, "configs", "text_lm.yaml"), [
+        "train.run_dir=/runs/r", "data.sequence.mode=bucket", "eval_data.sequence.mode=bucket"])
+    monkeypatch.setattr(started_with, "saved_record", lambda path: started_with.record(bucketed, input_pipelines=2))
+    started_with.check_hosts(bucketed, "c", 1)
+    by_tokens = load_config(os.path.join(REPO, "configs", "text_lm.yaml"), [
+        "train.run_dir=/runs/r", "data.sequence.mode=bucket", "eval_data.sequence.mode=bucket",
+        "data.sequence.bucket_batch=tokens"])
+    with pytest.raises(ConfigError, match=r"a data\.sequence bucket stream resumes exactly only on as many"):
+        started_with.check_hosts(by_tokens, "c", 1)
 
 
 # --- real runs ---------------------------------------------------------------------------------
@@ -251,6 +262,26 @@ def test_another_global_batch_goes_on_by_examples_and_one_that_splits_a_batch_is
     assert line.startswith("train.run_dir=runs/a: runs/a/checkpoints/ckpt-5 trained 320 examples (5 steps of 64), "
                            "which is not a whole number of batches of data.batch_size=128")
     assert "(the nearest: 64, 80, 160)" in line and "train on with data.batch_size=64 to a step where 128 does" in line
+
+
+def test_a_bucketed_stream_with_another_global_batch_is_refused_in_one_line(monkeypatch):
+    """A bucketed stream's place is in groups of the old global batch; groups of another size cut its buckets
+    elsewhere, so the resume is refused, naming the batch to resume with (its replicas and hosts may change)."""
+    import types
+
+    import tensorflow as tf
+
+    from tpu_pipeline.train import batch_change
+
+    bucketed = load_config(os.path.join(REPO, "configs", "text_lm.yaml"), [
+        "train.run_dir=runs/b", "data.sequence.mode=bucket", "eval_data.sequence.mode=bucket", "data.batch_size=8"])
+    monkeypatch.setattr(batch_change, "saved_record", lambda path: {"identity": {batch_change.BATCH_KEY: 16}})
+    model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=tf.Variable(6, dtype=tf.int64)))
+    with pytest.raises(ConfigError) as refused:
+        batch_change.go_on_by_examples("runs/b/checkpoints/ckpt-6", bucketed, model, 12, None, lambda was: 6, print)
+    line = str(refused.value)
+    assert "\n" not in line and "resume with data.batch_size=16 (its replicas and hosts may change)" in line, line
+    assert int(model.optimizer.iterations.numpy()) == 6  # nothing rebased
 
 
 def test_a_rebased_layout_keeps_every_place_and_the_rest_being_dealt():

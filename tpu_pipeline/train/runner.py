@@ -253,7 +253,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             return finished
         epoch_now, into = divmod(resumed_from, steps)
         if position is not None:
-            where = position.describe()
+            where = position.resume()  # (a bucketed stream's places regrouped for another slice)
         elif layout is not None:
             where = layout.resume(resumed_from, run_dir)
         elif train_pipeline.service is None:

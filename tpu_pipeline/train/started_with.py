@@ -18,6 +18,7 @@ import tensorflow as tf
 from tpu_pipeline.config import Config
 from tpu_pipeline.config.identity import accepts, differences, run_identity, show
 from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline.sequences.modes.registry import sequence_mode
 
 STARTED_WITH_KEY = "started_with"  # the checkpoint's string variable: the record below, as JSON
 
@@ -82,11 +83,12 @@ def check_resume(config: Config, latest: Optional[str]) -> list[str]:
 
 
 def check_hosts(config: Config, latest: Optional[str], input_pipelines: int) -> None:
-    """Refuses a resume of a packed or bucketed stream, or of a mixture, on another number of input pipelines
-    (hosts) than wrote `latest`.
+    """Refuses a resume of a packed stream (or a bucketed one scaled by tokens), or of a mixture, on another
+    number of input pipelines (hosts) than wrote `latest`.
 
     Each host's place there is in windows (or sources) of its own stream, which another number of hosts
-    would cut differently; a stream of examples is dealt to the new hosts instead (`example_layout`).
+    would cut differently; a stream of examples is dealt to the new hosts instead (`example_layout`), and a
+    bucketed one, which every host reads whole, regroups (`windowed_position`).
     Through data.service a resume starts a fresh job at an epoch's start whatever the hosts, so it goes on.
     Checkpoints written before the count was kept are not compared."""
     saved = saved_record(latest) if latest else None
@@ -94,6 +96,10 @@ def check_hosts(config: Config, latest: Optional[str], input_pipelines: int) -> 
     data = config.data
     if was is None or was == input_pipelines or data is None or data.service.enabled:
         return
+    sequence = data.sequence
+    if data.mixture is None and sequence is not None and sequence_mode(sequence.mode).regroups_on_another_slice(
+            sequence.bucket_batch):
+        return  # every host reads the whole bucketed stream: its places regroup (train/windowed_position.py)
     kind = "a data.mixture" if data.mixture is not None else f"a data.sequence {data.sequence.mode}"
     raise ConfigError(
         f"train.run_dir={config.train.run_dir}: {latest} was written by {hosts(was)} (input pipelines) and this run "

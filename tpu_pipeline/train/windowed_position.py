@@ -45,18 +45,35 @@ class WindowedPosition(tf.Module):
         self._local = [cluster.worker_id] if cluster.num_workers > 1 else list(range(cluster.num_hosts))
         self._store = store if cluster.num_workers > 1 else None
         self._key = f"tpu_pipeline/{run_key}/data_position"
+        self._replicas = cluster.num_replicas
+        sequence = pipeline.plan.sequence.value if pipeline.plan is not None else None
+        mode = pipeline.sequence_mode
+        # bucket: its places convert to another number of replicas or hosts (the global batch kept); a mixture's
+        # places are its sources' (refused on another number of hosts before this: `check_hosts`)
+        self._regroups = (mode is not None and sequence is not None and not pipeline.source.seekable
+                          and mode.regroups_on_another_slice(sequence.bucket_batch))
+        self._was: Optional[tuple[int, int]] = None  # (hosts, replicas) of a checkpoint of another slice
+        self._places(self._pipelines)
         with tf.init_scope():
-            self.example = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="example")
-            self.chunk = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="chunk")
-            self.in_window = tf.Variable(tf.zeros([self._pipelines], tf.int64), trainable=False, name="in_window")
+            # The replicas whose batches the saved places count (bucket: a window's outputs are theirs).
+            self.replicas = tf.Variable(cluster.num_replicas, dtype=tf.int64, trainable=False, name="replicas")
         # Each input pipeline's own pipeline: a mixture resumed with new weights continues each one's saved segments.
         self.pipeline_of: Callable[[int], Pipeline] = lambda index: pipeline
         self._logs = {index: PositionLog() for index in self._local}
         self._per_step = {index: 1 for index in self._local}  # elements a pipeline delivers per step
         self._built_at_step = 0
 
+    def _places(self, count: int) -> None:
+        """The place variables, one entry per input pipeline (`count` of them: a checkpoint's, before it is
+        restored into them, then this run's)."""
+        with tf.init_scope():
+            self.example = tf.Variable(tf.zeros([count], tf.int64), trainable=False, name="example")
+            self.chunk = tf.Variable(tf.zeros([count], tf.int64), trainable=False, name="chunk")
+            self.in_window = tf.Variable(tf.zeros([count], tf.int64), trainable=False, name="in_window")
+
     def check_saved(self, path: str) -> None:
-        """Refuses a checkpoint that holds the positions of another number of input pipelines (hosts)."""
+        """Refuses a checkpoint that holds the positions of another number of input pipelines (hosts), unless
+        its places regroup (bucket); then the variables take the checkpoint's shape until `resume`."""
         shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
         if f"{POSITION_KEY}/window/.ATTRIBUTES/VARIABLE_VALUE" in shapes:
             raise ConfigError(
@@ -64,12 +81,41 @@ class WindowedPosition(tf.Module):
                 "0.2 (window numbers), which this version cannot place exactly; start a new train.run_dir"
             )
         saved = shapes.get(f"{POSITION_KEY}/example/.ATTRIBUTES/VARIABLE_VALUE")
+        counted = f"{POSITION_KEY}/replicas/.ATTRIBUTES/VARIABLE_VALUE" in shapes
+        if saved and list(saved) != [self._pipelines] and self._regroups and counted:
+            self._places(int(saved[0]))  # restored as saved, then regrouped for this run (`resume`)
+            return
         if saved is not None and list(saved) != [self._pipelines]:
             held = f"{saved[0]} host(s)" if saved else "one host, in an older layout"
             raise ConfigError(
                 f"train.run_dir: {path} holds the packed/bucketed input positions of {held}, and this run has "
                 f"{self._pipelines}; resume it on as many hosts, or start a new train.run_dir"
             )
+
+    def resume(self) -> str:
+        """After the checkpoint's restore: this run's places (`_regroup`), and the line that says where the input
+        resumes."""
+        self._regroup()
+        return self.describe()
+
+    def _regroup(self) -> None:
+        """A checkpoint of another slice (other hosts or replicas) of a stream whose places regroup (bucket): each
+        new pipeline's place is the window the old ones stood in, past the groups they delivered, each group
+        now cut into this run's replicas' batches (`regrouped_skip`). Every host reads the whole stream (or is
+        the only one), so they all stood in the same window, a group apart at most; their count decides."""
+        saved_hosts, saved_replicas = int(self.example.shape[0]), int(self.replicas.numpy())
+        if saved_hosts == self._pipelines and saved_replicas == self._replicas:
+            return
+        if not self._regroups:
+            return  # the places count rows (pack), the same on as many hosts whatever the replicas
+        example, chunk = int(self.example[0].numpy()), int(self.chunk[0].numpy())
+        skip = regrouped_skip([int(value) for value in self.in_window.numpy()], saved_replicas, self._replicas)
+        self._was = (saved_hosts, saved_replicas)
+        self._places(self._pipelines)
+        self.example.assign([example] * self._pipelines)
+        self.chunk.assign([chunk] * self._pipelines)
+        self.in_window.assign([skip] * self._pipelines)
+        self.replicas.assign(self._replicas)
 
     def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
         """This input pipeline's stream from its saved position (that of `step`), each element's position logged."""
@@ -134,6 +180,13 @@ class WindowedPosition(tf.Module):
     def describe(self) -> str:
         """Where the input resumes: this process's pipelines, each at its own window."""
         examples, chunks, delivered = self.example.numpy(), self.chunk.numpy(), self.in_window.numpy()
+        if self._was is not None:
+            hosts, replicas = self._was
+            groups = int(delivered[0]) // max(1, self._replicas)
+            return (f"this run has {_count(self._pipelines, 'host')} ({_count(self._replicas, 'replica')}), the "
+                    f"checkpoint {_count(hosts, 'host')} ({_count(replicas, 'replica')}): the input continues from "
+                    f"the window at example {int(examples[0]):,}, past its first {groups} step(s) of batches, each "
+                    f"step's batch now cut for {_count(self._replicas, 'replica')}")
 
         def place(index: int) -> str:
             inside = f" (its chunk {int(chunks[index])})" if chunks[index] else ""
@@ -144,3 +197,16 @@ class WindowedPosition(tf.Module):
             return f"the input pipeline continues {place(0)}"
         places = [f"input pipeline {index} of {self._pipelines} {place(index)}" for index in self._local]
         return "each host's input continues from its own place in the checkpoint: " + "; ".join(places)
+
+
+def regrouped_skip(delivered: list[int], was_replicas: int, replicas: int) -> int:
+    """The outputs of the window to skip on `replicas` replicas, from the outputs the old pipelines had delivered
+    of it (`delivered`, one per old pipeline) on `was_replicas`: each step took one group of `was_replicas`
+    outputs (every host reading the whole stream keeps its own of them), so the groups delivered are the most
+    any pipeline's count reaches, rounded up to whole groups (a host stops at its own last output of a step)."""
+    groups = max(-(-count // was_replicas) for count in delivered)
+    return groups * replicas
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' if number != 1 else ''}"

@@ -89,6 +89,13 @@ class SequenceMode(abc.ABC):
                seed: int) -> list[Any]:
         """The stages after the parsing map: the batch (unless made before), or the mode's own."""
 
+    def regroups_on_another_slice(self, bucket_batch: str) -> bool:
+        """Whether a saved place converts to another number of replicas or hosts (the global batch kept): a
+        window's outputs are then the same groups of the global batch, each step one group, cut into the
+        replicas' batches. The place's outputs delivered become groups delivered × the new replicas
+        (`regrouped_skip`); a mode without it resumes only on as many hosts, and keeps its rows per step."""
+        return False
+
     def shares_stream(self, context: tf.distribute.InputContext) -> bool:
         """Whether every input pipeline must read the whole stream (each host keeping its own batches)."""
         return False

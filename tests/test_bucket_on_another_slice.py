@@ -1,0 +1,126 @@
+"""A bucketed stream resumed on another slice (issue 51): other replicas on one host, or other hosts.
+
+Bucket mode cuts each window's buckets into groups of the global batch, one group a step; with several hosts
+each reads the whole stream and keeps its replicas' batches of every group. So the groups do not depend on the
+slice, only their cut into replicas' batches does: a saved place (the window, its outputs delivered) converts
+to another slice as groups delivered × the new replicas (`windowed_position.regrouped_skip`). Before, one host
+resumed from 8 replicas on 4 skipped twice the examples it had delivered of the window, without a word.
+
+Each case here goes the way `train` goes: the old hosts' streams (`WindowedPosition.stream`, logged as fit takes
+them) run some steps, their places are saved in a real checkpoint, a `WindowedPosition` of the new slice
+restores it (`check_saved`, `resume`) and each new host reads the rest of the epoch: every example once.
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_pipeline.cluster.info import ClusterInfo
+from tpu_pipeline.config import config_from_dict
+from tpu_pipeline.errors import ConfigError
+from tpu_pipeline.pipeline import Pipeline
+from tpu_pipeline.records.writer import write_split
+from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition, regrouped_skip
+
+pytestmark = pytest.mark.tf_builds
+
+EXAMPLES, GLOBAL_BATCH = 300, 16
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> str:
+    """Example i is i + 1 repeated 2 to 59 times (its length sets its bucket): every token says the example."""
+    root = tmp_path_factory.mktemp("bucket_slice")
+    rng = np.random.default_rng(3)
+
+    def example(i: int) -> bytes:
+        tokens = [i + 1] * int(rng.integers(2, 60))
+        feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens))}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    write_split((example(i) for i in range(EXAMPLES)), str(root), "train", 2)
+    return str(root / "train-*.tfrecord")
+
+
+def pipeline(files: str, bucket_batch: str = "examples") -> Pipeline:
+    data = {"source": {"type": "tfrecord", "files": files},
+            "features": {"tokens": {"dtype": "int64", "kind": "ragged"}},
+            "sequence": {"keys": ["tokens"], "length": 64, "mode": "bucket", "window": 64, "bucket_batch": bucket_batch},
+            "batch_size": GLOBAL_BATCH, "repeat": 1, "seed": 4, "shuffle": {"buffer_size": 64}}
+    return Pipeline.from_config(config_from_dict({"data": data}).data)
+
+
+def cluster(hosts: int, replicas: int, worker: int = 0) -> ClusterInfo:
+    return ClusterInfo(strategy=None, kind="multi-worker" if hosts > 1 else "cpu", num_replicas=replicas,
+                       num_hosts=hosts, devices=(), worker_id=worker)
+
+
+def examples_of(batch) -> list[int]:
+    features = batch[0] if isinstance(batch, tuple) else batch
+    tokens, mask = features["tokens"].numpy(), features["example_mask"].numpy()
+    return [int(tokens[row, 0]) for row in range(len(tokens)) if mask[row]]  # filler examples are no examples
+
+
+def train_steps(files: str, hosts: int, replicas: int, steps: int, path: str) -> list[int]:
+    """`steps` steps of every old host's stream as fit takes it, then a checkpoint of their places (each
+    worker's own, as the position exchange leaves the chief's): the examples delivered."""
+    seen, saved = [], None
+    for worker in range(hosts):
+        position = WindowedPosition(pipeline(files), cluster(hosts, replicas, worker))
+        context = tf.distribute.InputContext(hosts, worker, replicas)
+        stream = iter(position.stream(context, 0))
+        for _ in range(steps * replicas // hosts):
+            seen += examples_of(next(stream))
+        position.record(steps)
+        if saved is None:
+            saved = position
+        else:  # the chief's checkpoint holds every worker's place
+            for name in ("example", "chunk", "in_window"):
+                merged = getattr(saved, name).numpy()
+                merged[worker] = getattr(position, name).numpy()[worker]
+                getattr(saved, name).assign(merged)
+    tf.train.Checkpoint(**{POSITION_KEY: saved}).write(path)
+    return seen
+
+
+def rest_of_epoch(files: str, hosts: int, replicas: int, steps: int, path: str) -> tuple[list[int], str]:
+    seen, line = [], ""
+    for worker in range(hosts):
+        position = WindowedPosition(pipeline(files), cluster(hosts, replicas, worker))
+        position.check_saved(path)
+        tf.train.Checkpoint(**{POSITION_KEY: position}).read(path).assert_consumed()
+        line = position.resume()
+        seen += [i for batch in position.stream(tf.distribute.InputContext(hosts, worker, replicas), steps)
+                 for i in examples_of(batch)]
+    return seen, line
+
+
+@pytest.mark.parametrize("was, now, steps", [((1, 8), (1, 4), 3), ((1, 4), (1, 8), 5), ((2, 8), (1, 4), 3),
+                                             ((1, 8), (2, 8), 2), ((2, 4), (2, 8), 6)])
+def test_a_bucketed_stream_goes_on_exactly_on_another_slice(files, tmp_path, was, now, steps):
+    path = str(tmp_path / "ckpt")
+    before = train_steps(files, *was, steps, path)
+    after, line = rest_of_epoch(files, *now, steps, path)
+    counts = collections.Counter(before + after)
+    assert len(before) == len(set(before)) > 0
+    assert sorted(counts) == list(range(1, EXAMPLES + 1)), f"missing {EXAMPLES - len(counts)}"
+    assert max(counts.values()) == 1, f"{sum(v > 1 for v in counts.values())} example(s) twice"
+    assert f"the checkpoint {was[0]} host" in line and f"past its first {steps} step(s)" in line, line
+
+
+def test_the_groups_delivered_decide_whatever_host_stopped_where():
+    # 2 hosts x 4 replicas of 8: after 3 steps host 0 stood past output 2*8+4, host 1 past 3*8
+    assert regrouped_skip([20, 24], 8, 4) == 12 and regrouped_skip([24], 8, 16) == 48 and regrouped_skip([0], 8, 4) == 0
+
+
+def test_tokens_scaled_buckets_resume_only_on_as_many_hosts(files, tmp_path):
+    """Scaled by tokens, a bucket's batch is rounded per replica: its groups change with the slice, so a
+    checkpoint of another number of hosts stays refused in one line."""
+    path = str(tmp_path / "ckpt")
+    position = WindowedPosition(pipeline(files, "tokens"), cluster(2, 8))
+    tf.train.Checkpoint(**{POSITION_KEY: position}).write(path)
+    with pytest.raises(ConfigError, match="holds the packed/bucketed input positions of 2 host"):
+        WindowedPosition(pipeline(files, "tokens"), cluster(1, 4)).check_saved(path)
