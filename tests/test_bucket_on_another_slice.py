@@ -1,4 +1,5 @@
-"""A bucketed stream resumed on another slice (issue 51): other replicas on one host, or other hosts.
+"""A bucketed stream resumed on another slice (issue 51): other replicas on one host, or other hosts; and a
+packed one with other replicas on as many hosts.
 
 Bucket mode cuts each window's buckets into groups of the global batch, one group a step; with several hosts
 each reads the whole stream and keeps its replicas' batches of every group. So the groups do not depend on the
@@ -48,7 +49,8 @@ def files(tmp_path_factory) -> str:
 def pipeline(files: str, bucket_batch: str = "examples") -> Pipeline:
     data = {"source": {"type": "tfrecord", "files": files},
             "features": {"tokens": {"dtype": "int64", "kind": "ragged"}},
-            "sequence": {"keys": ["tokens"], "length": 64, "mode": "bucket", "window": 64, "bucket_batch": bucket_batch},
+            "sequence": {"keys": ["tokens"], "length": 64, "mode": "bucket", "window": 64,
+                         "bucket_batch": bucket_batch},
             "batch_size": GLOBAL_BATCH, "repeat": 1, "seed": 4, "shuffle": {"buffer_size": 64}}
     return Pipeline.from_config(config_from_dict({"data": data}).data)
 
@@ -109,6 +111,36 @@ def test_a_bucketed_stream_goes_on_exactly_on_another_slice(files, tmp_path, was
     assert sorted(counts) == list(range(1, EXAMPLES + 1)), f"missing {EXAMPLES - len(counts)}"
     assert max(counts.values()) == 1, f"{sum(v > 1 for v in counts.values())} example(s) twice"
     assert f"the checkpoint {was[0]} host" in line and f"past its first {steps} step(s)" in line, line
+
+
+def packed_rows_of(batch) -> list[int]:
+    features = batch[0] if isinstance(batch, tuple) else batch
+    tokens, segments = features["tokens"].numpy(), features["tokens_segment_ids"].numpy()
+    return [int(row[ids == segment][0]) for row, ids in zip(tokens, segments) for segment in set(ids[ids > 0].tolist())]
+
+
+@pytest.mark.parametrize("was, now", [((1, 8), (1, 4)), ((1, 4), (1, 8))])
+def test_a_packed_stream_goes_on_exactly_with_other_replicas_on_as_many_hosts(files, tmp_path, monkeypatch, was, now):
+    """Pack mode's place counts rows, and a step takes the global batch's rows whatever the replicas: on as
+    many hosts its places need no regrouping (on another number of hosts it is still refused)."""
+    import sys
+
+    def packed(files: str, bucket_batch: str = "examples") -> Pipeline:
+        data = {"source": {"type": "tfrecord", "files": files},
+                "features": {"tokens": {"dtype": "int64", "kind": "ragged"}},
+                "sequence": {"keys": ["tokens"], "length": 64, "mode": "pack", "window": 32, "overflow": "truncate"},
+                "batch_size": GLOBAL_BATCH, "repeat": 1, "seed": 4, "shuffle": {"buffer_size": 64},
+                "drop_remainder": False}
+        return Pipeline.from_config(config_from_dict({"data": data}).data)
+
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "pipeline", packed)
+    monkeypatch.setattr(module, "examples_of", packed_rows_of)
+    path = str(tmp_path / "ckpt")
+    before = train_steps(files, *was, 3, path)
+    after, line = rest_of_epoch(files, *now, 3, path)
+    counts = collections.Counter(before + after)
+    assert sorted(counts) == list(range(1, EXAMPLES + 1)) and max(counts.values()) == 1, line
 
 
 def test_the_groups_delivered_decide_whatever_host_stopped_where():
