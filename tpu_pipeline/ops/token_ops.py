@@ -223,9 +223,8 @@ def lm_shift(key: str = "tokens", inputs_key: str = "inputs", targets_key: str =
                     inputs, targets, weights = _shift_batch(tokens, weights)
                 else:
                     inputs, targets, weights = tokens[:-1], tokens[1:], weights[1:]
-            out[inputs_key] = inputs
-            out[carried] = _on_values(lambda t, w: weighted_values.fold(t, w, weights_key, targets_key, "op 'lm_shift': "), targets,
-                                      weights)
+            fold = lambda t, w: weighted_values.fold(t, w, weights_key, targets_key, "op 'lm_shift': ")  # noqa: E731
+            out[inputs_key], out[carried] = inputs, _on_values(fold, targets, weights)
             return out
         inputs, targets = _shift_batch(tokens) if _batch(tokens) else (tokens[:-1], tokens[1:])
         if folded_in:  # the inputs are ids; each target keeps its weight inside it

@@ -7,7 +7,7 @@ a key of its own; benchmarks/README.md "Weights inside the tokens"). Exact for a
 (2³⁰ in int32).
 
     values = fold(ids, weights, "loss_weights", "targets", "op 'lm_shift': ")   # checks each weight is 0 or 1
-    ids, weights = unfold(values)
+    ids, weights = ids_of(values), weights_of(values)
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def fold(ids: tf.Tensor, weights: tf.Tensor, weights_name: str, ids_name: str, w
     largest = tf.reduce_max(tf.bitcast(weights, tf.uint64))
     check = tf.debugging.Assert(largest <= 1, [
         f"{where}feature '{weights_name}' holds a weight other than 0 or 1 (loss weights are 1 on the tokens to "
-        f"learn, 0 elsewhere; each is carried inside its token of '{ids_name}'): fix the records, `tpu-pipeline verify` "
-        "names them"])
+        f"learn, 0 elsewhere; each is carried inside its token of '{ids_name}'): fix the records, `tpu-pipeline "
+        "verify` names them"])
     with tf.control_dependencies([check]):
         return ids * 2 + tf.cast(weights, ids.dtype)
 
@@ -37,8 +37,3 @@ def ids_of(values: tf.Tensor) -> tf.Tensor:
 def weights_of(values: tf.Tensor) -> tf.Tensor:
     """The 0/1 weights of folded values."""
     return tf.bitwise.bitwise_and(values, tf.constant(1, values.dtype))
-
-
-def unfold(values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(ids, weights) of folded values, in their dtype."""
-    return ids_of(values), weights_of(values)
