@@ -66,16 +66,17 @@ def examples_of(batch) -> list[int]:
     return [int(tokens[row, 0]) for row in range(len(tokens)) if mask[row]]  # filler examples are no examples
 
 
-def train_steps(files: str, hosts: int, replicas: int, steps: int, path: str) -> list[int]:
+def train_steps(files: str, hosts: int, replicas: int, steps: int, path: str, build=pipeline,
+                read=examples_of) -> list[int]:
     """`steps` steps of every old host's stream as fit takes it, then a checkpoint of their places (each
     worker's own, as the position exchange leaves the chief's): the examples delivered."""
     seen, saved = [], None
     for worker in range(hosts):
-        position = WindowedPosition(pipeline(files), cluster(hosts, replicas, worker))
+        position = WindowedPosition(build(files), cluster(hosts, replicas, worker))
         context = tf.distribute.InputContext(hosts, worker, replicas)
         stream = iter(position.stream(context, 0))
         for _ in range(steps * replicas // hosts):
-            seen += examples_of(next(stream))
+            seen += read(next(stream))
         position.record(steps)
         if saved is None:
             saved = position
@@ -88,15 +89,16 @@ def train_steps(files: str, hosts: int, replicas: int, steps: int, path: str) ->
     return seen
 
 
-def rest_of_epoch(files: str, hosts: int, replicas: int, steps: int, path: str) -> tuple[list[int], str]:
+def rest_of_epoch(files: str, hosts: int, replicas: int, steps: int, path: str, build=pipeline,
+                  read=examples_of) -> tuple[list[int], str]:
     seen, line = [], ""
     for worker in range(hosts):
-        position = WindowedPosition(pipeline(files), cluster(hosts, replicas, worker))
+        position = WindowedPosition(build(files), cluster(hosts, replicas, worker))
         position.check_saved(path)
         tf.train.Checkpoint(**{POSITION_KEY: position}).read(path).assert_consumed()
         line = position.resume()
         seen += [i for batch in position.stream(tf.distribute.InputContext(hosts, worker, replicas), steps)
-                 for i in examples_of(batch)]
+                 for i in read(batch)]
     return seen, line
 
 
@@ -120,12 +122,10 @@ def packed_rows_of(batch) -> list[int]:
 
 
 @pytest.mark.parametrize("was, now", [((1, 8), (1, 4)), ((1, 4), (1, 8))])
-def test_a_packed_stream_goes_on_exactly_with_other_replicas_on_as_many_hosts(files, tmp_path, monkeypatch, was, now):
+def test_a_packed_stream_goes_on_exactly_with_other_replicas_on_as_many_hosts(files, tmp_path, was, now):
     """Pack mode's place counts rows, and a step takes the global batch's rows whatever the replicas: on as
     many hosts its places need no regrouping (on another number of hosts it is still refused)."""
-    import sys
-
-    def packed(files: str, bucket_batch: str = "examples") -> Pipeline:
+    def packed(files: str) -> Pipeline:
         data = {"source": {"type": "tfrecord", "files": files},
                 "features": {"tokens": {"dtype": "int64", "kind": "ragged"}},
                 "sequence": {"keys": ["tokens"], "length": 64, "mode": "pack", "window": 32, "overflow": "truncate"},
@@ -133,12 +133,9 @@ def test_a_packed_stream_goes_on_exactly_with_other_replicas_on_as_many_hosts(fi
                 "drop_remainder": False}
         return Pipeline.from_config(config_from_dict({"data": data}).data)
 
-    module = sys.modules[__name__]
-    monkeypatch.setattr(module, "pipeline", packed)
-    monkeypatch.setattr(module, "examples_of", packed_rows_of)
     path = str(tmp_path / "ckpt")
-    before = train_steps(files, *was, 3, path)
-    after, line = rest_of_epoch(files, *now, 3, path)
+    before = train_steps(files, *was, 3, path, packed, packed_rows_of)
+    after, line = rest_of_epoch(files, *now, 3, path, packed, packed_rows_of)
     counts = collections.Counter(before + after)
     assert sorted(counts) == list(range(1, EXAMPLES + 1)) and max(counts.values()) == 1, line
 
