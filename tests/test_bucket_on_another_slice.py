@@ -33,8 +33,11 @@ EXAMPLES, GLOBAL_BATCH = 300, 16
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> str:
+    return write_examples(tmp_path_factory.mktemp("bucket_slice"))
+
+
+def write_examples(root) -> str:
     """Example i is i + 1 repeated 2 to 59 times (its length sets its bucket): every token says the example."""
-    root = tmp_path_factory.mktemp("bucket_slice")
     rng = np.random.default_rng(3)
 
     def example(i: int) -> bytes:

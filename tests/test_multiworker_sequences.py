@@ -14,6 +14,7 @@ Slow (several TensorFlow processes): `pytest -m "not slow"` skips it locally; CI
 """
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import os
@@ -173,22 +174,59 @@ def test_a_packed_language_model_trains_through_the_service_and_a_resume_says_wh
         running.stop()
 
 
-def test_a_checkpoint_of_another_number_of_hosts_is_refused_in_one_line(tmp_path):
-    """Each host resumes from its own entry, so a checkpoint with another number of entries cannot resume."""
-    import dataclasses
+def test_a_packed_language_model_goes_on_exactly_on_one_host_then_on_two_again(tmp_path):
+    """Issue 51: two workers get SIGTERM; one host of 2 replicas resumes, the rows the two had left of their epoch
+    dealt to it, and is SIGKILLed inside them after a checkpoint; two workers resume from that (what it had not
+    read of the rows heads their remainder) and finish. Every document is trained on once an epoch: counted over
+    the run, each document m or m + 1 times, all of them at least once."""
+    from test_multiworker import drop_steps_after, kill_after_its_first_checkpoint
+    from test_preemption import read_log
 
-    from tpu_pipeline.cluster import resolve
-    from tpu_pipeline.config import config_from_dict
-    from tpu_pipeline.config.cluster import ClusterConfig
-    from tpu_pipeline.errors import ConfigError
-    from tpu_pipeline.pipeline import Pipeline
-    from tpu_pipeline.train.runner import POSITION_KEY, WindowedPosition
+    data_dir = converted(tmp_path, count=200, splits="train")
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    epochs, per_epoch = 4, 8
+    raw = lm_config(data_dir, run_dir, length=128, epochs=epochs, steps=per_epoch, eval_data=False,
+                    checkpoint_every_steps=2, max_checkpoints=3)
+    raw["data"]["sequence"].update(window=16, row_shuffle=2)  # pools of 32 documents: several a host an epoch
+    raw["cluster"] = {}  # TF_CONFIG decides: MultiWorkerMirroredStrategy, one replica per worker
+    config_path = str(tmp_path / "config.json")
+    json.dump(raw, open(config_path, "w"))
 
-    raw = lm_config(converted(tmp_path, count=50, splits="train"), str(tmp_path / "run"), eval_data=False)
-    pipeline = Pipeline.from_config(config_from_dict(raw).data)
-    one = resolve(ClusterConfig())
-    path = tf.train.Checkpoint(**{POSITION_KEY: WindowedPosition(pipeline, one)}).save(str(tmp_path / "ckpt"))
-    WindowedPosition(pipeline, one).check_saved(path)
-    with pytest.raises(ConfigError, match=r"^train\.run_dir: .* holds the packed/bucketed input positions of 1 "
-                                          r"host\(s\), and this run has 2; resume it on as many hosts"):
-        WindowedPosition(pipeline, dataclasses.replace(one, num_hosts=2)).check_saved(path)
+    workers = start_workers(config_path, out_dir)
+    wait_for_step(workers, out_dir, 5)
+    workers[1].send_signal(signal.SIGTERM)
+    printed = finish(workers)
+    assert [w.returncode for w in workers] == [143, 143], show(printed)
+    sigterm_step = max(int(name.split("-")[1].split(".")[0])
+                       for name in os.listdir(os.path.join(run_dir, "checkpoints")) if name.endswith(".index"))
+
+    alone_path = str(tmp_path / "alone.json")
+    json.dump({**raw, "cluster": {"cpu_replicas": 2}, "train": {**raw["train"], "checkpoint_every_steps": 1}},
+              open(alone_path, "w"))
+    alone = subprocess.Popen([sys.executable, CHILD, "train_lm", alone_path, out_dir], cwd=REPO,
+                             env={**ENV, "IDS_LOG": "ids-alone.log"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    resumed_at = kill_after_its_first_checkpoint(alone, run_dir, sigterm_step)
+    said = alone.communicate(timeout=60)[0]
+    assert ("this run has 1 host (2 replicas), the checkpoint 2 hosts: the rows 2 hosts had left of data epoch "
+            in said and "are dealt to this host, then each reads its own shard" in said), said[-3000:]
+    drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)
+    reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints", f"ckpt-{resumed_at}"))
+    dealing = reader.get_tensor("data/rows_remainder/.ATTRIBUTES/VARIABLE_VALUE").decode()
+    assert json.loads(dealing)["places"] and len(reader.get_tensor("data/example/.ATTRIBUTES/VARIABLE_VALUE")) == 1
+
+    workers = start_workers(config_path, out_dir)
+    printed = finish(workers)
+    assert [w.returncode for w in workers] == [0, 0], show(printed)
+    assert ("this run has 2 hosts (2 replicas), the checkpoint 1 host: the rows 1 host had left of data epoch"
+            in printed[0] and "an earlier slice" in printed[0]), show(printed)
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["steps"] == epochs * per_epoch and metrics["resumed_from_step"] == resumed_at, metrics
+
+    log = read_log(out_dir)
+    assert sorted(log) == [(step, replica) for step in range(epochs * per_epoch) for replica in (0, 1)]
+    counts = collections.Counter(doc for documents in log.values() for doc in documents)
+    assert sorted(counts) == list(range(200)), f"{200 - len(counts)} document(s) never trained on"
+    low = min(counts.values())
+    assert low >= 1 and max(counts.values()) <= low + 1, collections.Counter(counts.values())

@@ -126,21 +126,20 @@ def test_allow_changes_takes_compared_keys_or_their_sections_only():
         demo("train.allow_changes=[data.seed]")
 
 
-def test_a_packed_or_mixed_stream_on_another_number_of_hosts_is_refused_except_through_the_service(monkeypatch):
-    """A window's or a source's place is in a host's own stream: on another number of input pipelines the rest
-    of the epoch cannot be dealt (an example stream is: tests/test_remainder.py, tests/test_multiworker.py)."""
+def test_a_mixed_stream_on_another_number_of_hosts_is_refused_except_through_the_service(monkeypatch):
+    """A source's place is in a host's own stream: on another number of input pipelines the rest of a mixture's
+    epoch is not dealt (an example stream is: tests/test_remainder.py, tests/test_multiworker.py; a packed one
+    deals its rows: tests/test_pack_on_another_slice.py)."""
     from tpu_pipeline.train import started_with
 
     packed = load_config(os.path.join(REPO, "configs", "text_lm.yaml"), ["train.run_dir=/runs/r"])
     saved = started_with.record(packed, input_pipelines=2)
     monkeypatch.setattr(started_with, "saved_record", lambda path: saved)
     started_with.check_hosts(packed, "/runs/r/checkpoints/ckpt-5", 2)
-    with pytest.raises(ConfigError, match=r"^train\.run_dir=/runs/r: /runs/r/checkpoints/ckpt-5 was written by 2 hosts "
-                                          r"\(input pipelines\) and this run has 1 host; a data\.sequence pack stream "
-                                          r"resumes exactly only on as many, .* resume it on 2 hosts, or start a new "
-                                          r"train\.run_dir$"):
-        started_with.check_hosts(packed, "/runs/r/checkpoints/ckpt-5", 1)
-    with pytest.raises(ConfigError, match=r"written by 2 hosts \(input pipelines\) and this run has 4 hosts; a data\.mixture"):
+    started_with.check_hosts(packed, "/runs/r/checkpoints/ckpt-5", 1)  # pack: the rows its hosts had left are dealt
+    with pytest.raises(ConfigError, match=r"^train\.run_dir=.*: c was written by 2 hosts \(input pipelines\) and this run "
+                                          r"has 4 hosts; a data\.mixture stream resumes exactly only on as many, .* "
+                                          r"resume it on 2 hosts, or start a new train\.run_dir$"):
         started_with.check_hosts(mixture(), "c", 4)
     # Through data.service a resume starts a fresh job at an epoch whatever the hosts; older records hold no count;
     # no checkpoint, nothing to compare.

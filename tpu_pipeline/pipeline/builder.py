@@ -12,7 +12,7 @@ several input pipelines. Which stages a config gives, in which order, is `stage_
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -26,7 +26,9 @@ from tpu_pipeline.pipeline.checks.tpu_check import check_tpu_compatible
 from tpu_pipeline.pipeline.core import seeds
 from tpu_pipeline.pipeline.core.remainder import Remainder
 from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
+from tpu_pipeline.pipeline.core.row_remainder import RowRemainder
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
+from tpu_pipeline.pipeline.dealt import dealt_rows_then_own, records_share, skip_examples, take_examples
 from tpu_pipeline.pipeline.mixtures.mixture_weights import by_tokens
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.runtime.device_buffers import untune_device_buffers
@@ -54,22 +56,6 @@ def apply_stages(dataset: tf.data.Dataset, stages: Sequence[Stage], context: Sta
         dataset = stage.apply(dataset, context)
         context = stage.after(context)
     return dataset
-
-
-def skip_examples(dataset: tf.data.Dataset, count: int) -> tf.data.Dataset:
-    """The dataset without its first `count` examples, where elements may be vectors of serialized
-    records (blocks or windows): those are cut at the record, never parsed."""
-    if not count:
-        return dataset
-    if record_blocks(dataset):
-        return dataset.unbatch().skip(count).batch(1024)
-    return dataset.skip(count)
-
-
-def record_blocks(dataset: tf.data.Dataset) -> bool:
-    """True where the elements are vectors of serialized records (blocks or windows), to be cut at the record."""
-    spec = dataset.element_spec
-    return isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string and spec.shape.rank == 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +95,8 @@ class Pipeline:
         return self.with_parts(self.parts.inserted(stage, before=before, after=after))
 
     def build(self, input_context: Optional[tf.distribute.InputContext] = None, start: int = 0, skip: int = 0,
-              with_position: bool = False, chunk: int = 0, remainder: Optional[Remainder] = None) -> tf.data.Dataset:
+              with_position: bool = False, chunk: int = 0,
+              remainder: Optional[Union[Remainder, RowRemainder]] = None) -> tf.data.Dataset:
         """The dataset of one input pipeline; `start`: examples it delivered before (a resume).
 
         A resumed stream is exactly the rest of the uninterrupted one: the epochs are pure
@@ -125,14 +112,20 @@ class Pipeline:
         `remainder` (`core.remainder.Remainder`: a resume on another number of input pipelines): this
         pipeline's share of what the old layout's pipelines had left of their epoch, then its own epochs
         from the next; `start` is then its stream position where its share begins (`Remainder.start`).
+        A packed stream's `RowRemainder` (`dealt`): (start, chunk, skip) is its place, in the dealt rows or its own.
         """
         context = input_context or tf.distribute.InputContext()
         parts = self._parts_with_position(with_position)
         mode = self.sequence_mode
-        if remainder is not None and not self.deals_remainders:
+        if isinstance(remainder, RowRemainder):  # a packed stream's rest, dealt in rows (`dealt`)
+            own_start = (remainder.epoch + 1) * self._epoch_length(context, start)
+            rows = dealt_rows_then_own(self, parts.until("windowed", inclusive=True), context, remainder,
+                                       (start, chunk, skip), own_start)
+            dataset = apply_stages(rows, parts.following("windowed"), StageContext(context))
+        elif remainder is not None and not self.deals_remainders:
             raise ValueError("only a pipeline of examples from a source with epochs, without a window or "
                              "tf.data service, can deal another layout's remainder (deals_remainders)")
-        if mode is not None and mode.shares_stream(context):
+        elif mode is not None and mode.shares_stream(context):
             dataset = self._shared_buckets(parts, context, start, skip)
         elif parts.service is None:
             dataset = self._stream(parts, context, start, skip_outputs=skip, chunk=chunk, remainder=remainder)
@@ -233,10 +226,11 @@ class Pipeline:
 
     def _stream(self, parts: Parts, context: tf.distribute.InputContext, start: int = 0,
                 first_epoch: Optional[int] = None, salted: bool = False, skip_outputs: int = 0,
-                chunk: int = 0, remainder: Optional[Remainder] = None) -> tf.data.Dataset:
+                chunk: int = 0, remainder: Optional[Remainder] = None, stop: Optional[int] = None) -> tf.data.Dataset:
         """`parts` after the source, epoch by epoch; from example `start` (exactly), or from the
         beginning of `first_epoch`, or this pipeline's share of another layout's `remainder` and then
-        its epochs from the next (`start` then counts the examples before its share). `salted`: each run
+        its epochs from the next (`start` then counts the examples before its share); `stop`: the records end at
+        that stream position (a packed stream's rest, `dealt.rows_left`). `salted`: each run
         of the graph (each service worker) folds a value of its own into the epoch, hence into every
         per-epoch seed."""
         once, each = parts.once, parts.epoch
@@ -261,8 +255,10 @@ class Pipeline:
         else:
             dataset = one_epoch(tf.constant(start_epoch, tf.int64))
             dataset = head(dataset) if head else dataset
+        if stop is not None:
+            dataset = take_examples(dataset, max(0, stop - start))
         if remainder is not None:
-            share = self._dealt_remainder(parts, context, remainder)
+            share = records_share(self, parts, context, remainder)
             dataset = share if parts.repeat is None else share.concatenate(dataset)
         resumed = StageContext(context, examples=0 if first_epoch is not None else start, skip=skip_outputs, chunk=chunk)
         return apply_stages(dataset, parts.stream, resumed)
@@ -292,29 +288,12 @@ class Pipeline:
         differ = salted or source_per_epoch or any(getattr(stage, "uses_epoch", False) for stage in each)
         return one_epoch, differ
 
-    def _dealt_remainder(self, parts: Parts, context: tf.distribute.InputContext, remainder: Remainder) -> tf.data.Dataset:
-        """This input pipeline's share of what the old layout's pipelines had left (`remainder.Remainder`):
-        each old pipeline's stream rebuilt as the old layout built it (its epochs, seeds and shard) from
-        where it stopped to the end of epoch E, the streams taken in turn, a record each, and every M-th
-        record of that from `taken + j` on. Blocks of records are cut to records and made blocks again,
-        as `skip_examples` does; nothing is parsed that this pipeline does not keep."""
-        streams, blocks = [], False
-        for index in range(remainder.hosts):
-            old = tf.distribute.InputContext(remainder.hosts, index, context.num_replicas_in_sync)
-            one_epoch, differ = self._epochs(parts, old, cached=False)  # no cache files for another slice's hosts
-            epoch, offset = divmod(remainder.examples[index], remainder.length)
-            head = lambda dataset, offset=offset: skip_examples(dataset, offset)  # noqa: E731
-            stream = (parts.repeat.epochs(one_epoch, differ, first=epoch, head=head) if parts.repeat is not None
-                      else head(one_epoch(tf.constant(epoch, tf.int64))))
-            blocks = record_blocks(stream)
-            streams.append((stream.unbatch() if blocks else stream).take(remainder.left(index)))
-        turns = tf.data.Dataset.range(remainder.hosts).repeat(max(remainder.left(i) for i in range(remainder.hosts)))
-        everything = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
-        share = everything.skip(remainder.taken + context.input_pipeline_id).shard(context.num_input_pipelines, 0)
-        return share.batch(1024) if blocks else share
-
     def _resume_point(self, context: tf.distribute.InputContext, start: int) -> tuple[int, int]:
         """(epoch, examples of it to skip) for a stream that delivered `start` examples."""
+        return divmod(start, self._epoch_length(context, start))
+
+    def _epoch_length(self, context: tf.distribute.InputContext, start: int) -> int:
+        """Input pipeline `context`'s epoch length; one line naming the fix where the source has none."""
         length = self.source.epoch_length(context)
         if not length:
             raise ConfigError(
@@ -322,7 +301,7 @@ class Pipeline:
                 f"({type(self.source).__name__}) has no fixed epoch length with this sharding; use "
                 "data.source.sharding=auto (balanced) on TFRecord files or arrays"
             )
-        return divmod(start, length)
+        return length
 
     def with_source(self, source: Source) -> "Pipeline":
         """This pipeline reading `source` (e.g. a mixture restored with the weights of a checkpoint)."""

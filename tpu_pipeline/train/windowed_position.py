@@ -6,6 +6,7 @@ workers every host's place is exchanged before a save, since only the chief's ch
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Callable, Optional
 
@@ -15,7 +16,9 @@ from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.cluster.coordination import KeyValueStore, StoreUnavailable
 from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.pipeline.builder import Pipeline
+from tpu_pipeline.pipeline.core.row_remainder import RowRemainder
 from tpu_pipeline.pipeline.runtime.position_log import PositionLog
+from tpu_pipeline.train import packed_slice
 
 POSITION_KEY = "data"  # a windowed pipeline's input positions in the checkpoint (WindowedPosition)
 # How long a save waits for every worker's input position: all save the same step, so a step's skew
@@ -52,11 +55,18 @@ class WindowedPosition(tf.Module):
         # places are its sources' (refused on another number of hosts before this: `check_hosts`)
         self._regroups = (mode is not None and sequence is not None and not pipeline.source.seekable
                           and mode.regroups_on_another_slice(sequence.bucket_batch))
+        # pack: a checkpoint of another number of hosts deals the rows its hosts had left (`packed_slice`)
+        self._deals_rows = (mode is not None and mode.deals_rows_on_another_slice() and not pipeline.source.seekable
+                            and pipeline.service is None)
         self._was: Optional[tuple[int, int]] = None  # (hosts, replicas) of a checkpoint of another slice
+        self._remainder: Optional[RowRemainder] = None  # the rows of an older slice being dealt (pack)
+        self._dealt_now = False
         self._places(self._pipelines)
         with tf.init_scope():
             # The replicas whose batches the saved places count (bucket: a window's outputs are theirs).
             self.replicas = tf.Variable(cluster.num_replicas, dtype=tf.int64, trainable=False, name="replicas")
+            # pack: the remainder being dealt, as JSON ("" when none: `row_remainder.RowRemainder`)
+            self.rows_remainder = tf.Variable("", dtype=tf.string, trainable=False, name="rows_remainder")
         # Each input pipeline's own pipeline: a mixture resumed with new weights continues each one's saved segments.
         self.pipeline_of: Callable[[int], Pipeline] = lambda index: pipeline
         self._logs = {index: PositionLog() for index in self._local}
@@ -82,7 +92,7 @@ class WindowedPosition(tf.Module):
             )
         saved = shapes.get(f"{POSITION_KEY}/example/.ATTRIBUTES/VARIABLE_VALUE")
         counted = f"{POSITION_KEY}/replicas/.ATTRIBUTES/VARIABLE_VALUE" in shapes
-        if saved and list(saved) != [self._pipelines] and self._regroups and counted:
+        if saved and list(saved) != [self._pipelines] and ((self._regroups and counted) or self._deals_rows):
             self._places(int(saved[0]))  # restored as saved, then regrouped for this run (`resume`)
             return
         if saved is not None and list(saved) != [self._pipelines]:
@@ -96,7 +106,26 @@ class WindowedPosition(tf.Module):
         """After the checkpoint's restore: this run's places (`_regroup`), and the line that says where the input
         resumes."""
         self._regroup()
+        self._deal_rows()
         return self.describe()
+
+    def _deal_rows(self) -> None:
+        """A packed stream: the remainder being dealt, as saved; and from a checkpoint of another number of hosts
+        a new one, what its hosts had left (the older one's unread rows first), host j beginning at its row j."""
+        saved = self.rows_remainder.numpy().decode()
+        self._remainder = RowRemainder.from_json(json.loads(saved)) if saved else None
+        saved_hosts = int(self.example.shape[0])
+        if saved_hosts == self._pipelines or not self._deals_rows:
+            return
+        places = tuple(self.saved(index) for index in range(saved_hosts))
+        self._remainder, dealt = packed_slice.deal(self._pipeline, places, self._remainder, int(self.replicas.numpy()),
+                                                   self._pipelines)
+        self._was, self._dealt_now = (saved_hosts, int(self.replicas.numpy())), True
+        self._places(self._pipelines)
+        for name, column in (("example", 0), ("chunk", 1), ("in_window", 2)):
+            getattr(self, name).assign([place[column] for place in dealt])
+        self.rows_remainder.assign(json.dumps(self._remainder.to_json()))
+        self.replicas.assign(self._replicas)
 
     def _regroup(self) -> None:
         """A checkpoint of another slice (other hosts or replicas) of a stream whose places regroup (bucket): each
@@ -127,7 +156,8 @@ class WindowedPosition(tf.Module):
         self._built_at_step = step
         dataset = self.pipeline_of(index).build(context, start=int(self.example[index].numpy()),
                                                 chunk=int(self.chunk[index].numpy()),
-                                                skip=int(self.in_window[index].numpy()), with_position=True)
+                                                skip=int(self.in_window[index].numpy()), with_position=True,
+                                                remainder=self._remainder)
         return self._logs[index].attach(dataset)
 
     def saved(self, index: int) -> tuple[int, int, int]:
@@ -145,6 +175,10 @@ class WindowedPosition(tf.Module):
         self.example.assign(examples)
         self.chunk.assign(chunks)
         self.in_window.assign(delivered)
+        if self._remainder is not None and not packed_slice.still_dealing(
+                [tuple(place) for place in zip(examples.tolist(), chunks.tolist(), delivered.tolist())]):
+            self._remainder = None  # every host reads its own stream: a plain place again
+            self.rows_remainder.assign("")
 
     def _after(self, index: int, step: int) -> tuple[int, int, int]:
         """(example, chunk where the window starts, outputs of it delivered) of this process's pipeline
@@ -180,6 +214,9 @@ class WindowedPosition(tf.Module):
     def describe(self) -> str:
         """Where the input resumes: this process's pipelines, each at its own window."""
         examples, chunks, delivered = self.example.numpy(), self.chunk.numpy(), self.in_window.numpy()
+        if self._remainder is not None:
+            return packed_slice.describe(self._remainder, self._pipelines, self._replicas,
+                                         self._was[0] if self._dealt_now and self._was else None)
         if self._was is not None:
             hosts, replicas = self._was
             groups = int(delivered[0]) // max(1, self._replicas)

@@ -96,6 +96,11 @@ class SequenceMode(abc.ABC):
         (`regrouped_skip`); a mode without it resumes only on as many hosts, and keeps its rows per step."""
         return False
 
+    def deals_rows_on_another_slice(self) -> bool:
+        """Whether a checkpoint of another number of hosts goes on by dealing the rows its hosts had left
+        (`core.row_remainder`): pack, whose rows each host makes from its own stream."""
+        return False
+
     def shares_stream(self, context: tf.distribute.InputContext) -> bool:
         """Whether every input pipeline must read the whole stream (each host keeping its own batches)."""
         return False

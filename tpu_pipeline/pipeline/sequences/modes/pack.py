@@ -35,6 +35,9 @@ class PackMode(SequenceMode):
                 f"tokens" + (" (auto: measured, docs/sequences.md)" if auto else "")
                 + f"; {request.cut()}; {shuffle_why}; at most {tokens:,} tokens per key held at once; {block_why}")
 
+    def deals_rows_on_another_slice(self) -> bool:
+        return True
+
     def example_in_one_row(self, overflow: str) -> bool:
         return overflow in ("truncate", "error")  # split: a long example's pieces fill several rows
 

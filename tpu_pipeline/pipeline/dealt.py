@@ -1,0 +1,136 @@
+"""What old input pipelines had left, dealt to another number of them: a resume on another slice.
+
+Two kinds of stream, one rule (R in turns, new pipeline j of M reads R[taken + j], R[taken + j + M], ...):
+- a stream of examples deals records (`core.remainder.Remainder`; `records_share`): nothing is parsed that a
+  new pipeline does not keep;
+- a packed stream deals rows (`core.row_remainder.RowRemainder`; `rows_share`): each old pipeline's stream is
+  rebuilt from its place and packed as it packed it, its records cut at the end of the remainder's epoch.
+  Every new pipeline packs all of R and keeps its share, once, for the rest of one epoch.
+
+Part of `Pipeline.build` (builder.py), kept apart for its size: these functions take the Pipeline and the
+parts it builds from, and call its epoch and stream builders.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from tpu_pipeline.pipeline.core.remainder import Remainder
+from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS, position_fields
+from tpu_pipeline.pipeline.core.row_remainder import IN_REST, RowRemainder
+from tpu_pipeline.pipeline.stages.roles import Parts
+
+Pipeline = Any  # builder.Pipeline, whose `build` calls these (not imported: builder imports this module)
+
+
+def skip_examples(dataset: tf.data.Dataset, count: int) -> tf.data.Dataset:
+    """The dataset without its first `count` examples, where elements may be vectors of serialized
+    records (blocks or windows): those are cut at the record, never parsed."""
+    if not count:
+        return dataset
+    if record_blocks(dataset):
+        return dataset.unbatch().skip(count).batch(1024)
+    return dataset.skip(count)
+
+
+def take_examples(dataset: tf.data.Dataset, count: int) -> tf.data.Dataset:
+    """The dataset's first `count` examples, cut at the record as `skip_examples` cuts."""
+    if record_blocks(dataset):
+        return dataset.unbatch().take(count).batch(1024)
+    return dataset.take(count)
+
+
+def record_blocks(dataset: tf.data.Dataset) -> bool:
+    """True where the elements are vectors of serialized records (blocks or windows), to be cut at the record."""
+    spec = dataset.element_spec
+    return isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string and spec.shape.rank == 1
+
+
+def records_share(pipeline: Pipeline, parts: Parts, context: tf.distribute.InputContext,
+                  remainder: Remainder) -> tf.data.Dataset:
+    """This input pipeline's share of what the old layout's pipelines had left (`remainder.Remainder`):
+    each old pipeline's stream rebuilt as the old layout built it (its epochs, seeds and shard) from
+    where it stopped to the end of epoch E, the streams taken in turn, a record each, and every M-th
+    record of that from `taken + j` on. Blocks of records are cut to records and made blocks again,
+    as `skip_examples` does; nothing is parsed that this pipeline does not keep."""
+    streams, blocks = [], False
+    for index in range(remainder.hosts):
+        old = tf.distribute.InputContext(remainder.hosts, index, context.num_replicas_in_sync)
+        one_epoch, differ = pipeline._epochs(parts, old, cached=False)  # no cache files for another slice's hosts
+        epoch, offset = divmod(remainder.examples[index], remainder.length)
+        head = lambda dataset, offset=offset: skip_examples(dataset, offset)  # noqa: E731
+        stream = (parts.repeat.epochs(one_epoch, differ, first=epoch, head=head) if parts.repeat is not None
+                  else head(one_epoch(tf.constant(epoch, tf.int64))))
+        blocks = record_blocks(stream)
+        streams.append((stream.unbatch() if blocks else stream).take(remainder.left(index)))
+    turns = tf.data.Dataset.range(remainder.hosts).repeat(max(remainder.left(i) for i in range(remainder.hosts)))
+    everything = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
+    share = everything.skip(remainder.taken + context.input_pipeline_id).shard(context.num_input_pipelines, 0)
+    return share.batch(1024) if blocks else share
+
+
+def rows_left(pipeline: Pipeline, windowed: Parts, remainder: RowRemainder) -> tf.data.Dataset:
+    """R, one row an element: the rows of `remainder.older` the old pipelines had not delivered, then each old
+    pipeline's rows from its own place to the end of the remainder's epoch, taken in turns, a row each. `windowed`:
+    the parts through the packing stage."""
+    streams = []
+    for index in range(remainder.hosts):
+        old = tf.distribute.InputContext(remainder.hosts, index, remainder.replicas)
+        example, chunk, delivered = remainder.own_place(index)
+        streams.append(pipeline._stream(windowed, old, example, skip_outputs=delivered, chunk=chunk,
+                                        stop=remainder.stop))
+    turns = tf.data.Dataset.range(remainder.hosts).repeat()
+    rows = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
+    if remainder.older is None:
+        return rows
+    examples = tf.constant([place[0] for place in remainder.places], tf.int64)
+    chunks = tf.constant([place[1] for place in remainder.places], tf.int64)
+
+    def left(row: tf.Tensor, _: dict) -> tf.Tensor:  # `RowRemainder.older_left`
+        host = row % remainder.hosts
+        return tf.logical_and(tf.equal(chunks[host], IN_REST), row >= examples[host])
+
+    older = rows_left(pipeline, windowed, remainder.older).enumerate().filter(left).map(lambda _, row: row)
+    return older.concatenate(rows)
+
+
+def rows_share(pipeline: Pipeline, windowed: Parts, context: tf.distribute.InputContext,
+               remainder: RowRemainder, next_row: int) -> tf.data.Dataset:
+    """This input pipeline's rows of R from row `next_row` on, every M-th, each carrying as its place the index
+    of the pipeline's next row (`IN_REST`): what a checkpoint saves while it reads them."""
+    pipelines = context.num_input_pipelines
+
+    def placed(row: tf.Tensor, features: dict) -> dict:
+        kept = {key: value for key, value in features.items() if key not in POSITION_KEYS}
+        return {**kept, **position_fields(row + pipelines, tf.constant(IN_REST, tf.int64), tf.zeros([], tf.int64))}
+
+    return rows_left(pipeline, windowed, remainder).enumerate().skip(next_row).shard(pipelines, 0).map(placed)
+
+
+def dealt_rows_then_own(pipeline: Pipeline, windowed: Parts, context: tf.distribute.InputContext,
+                        remainder: RowRemainder, place: tuple[int, int, int], own_start: int) -> tf.data.Dataset:
+    """A packed input pipeline's rows on a slice still dealing `remainder`: its share of R from its place (in
+    R: `IN_REST`), then its own stream from `own_start`; or, past its share, its own stream from its place."""
+    example, chunk, delivered = place
+    if chunk != IN_REST:
+        return pipeline._stream(windowed, context, example, skip_outputs=delivered, chunk=chunk)
+    own = pipeline._stream(windowed, context, own_start)
+    return rows_share(pipeline, windowed, context, remainder, example).concatenate(own)
+
+
+def next_pool(pipeline: Pipeline, windowed: Parts, context: tf.distribute.InputContext,
+              place: tuple[int, int, int]) -> Optional[tuple[int, int]]:
+    """(example, chunk) where the pool after the one at `place` starts in input pipeline `context`'s stream;
+    None where the stream ends in that pool. Packs two pools, once, at a resume on another slice."""
+    from tpu_pipeline.pipeline.stages.batching import row_blocks
+
+    example, chunk, _ = place
+    rows = pipeline._stream(windowed, context, example, chunk=chunk)
+    pools = row_blocks(rows)
+    assert pools is not None, "a packed stream's rows come in pools (rows_in_blocks)"
+    for pool in pools.skip(1).take(1):
+        hi, lo, first = (int(pool[key][0]) for key in POSITION_KEYS[:3])
+        return hi * (1 << 31) + lo, first
+    return None
+
