@@ -179,3 +179,49 @@ def test_two_jax_processes_train_a_packed_language_model_on_the_documents_of_an_
     assert [p.returncode for p in processes] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
     log = read_log(out_dir)  # also checks that a redone step saw the same documents
     assert log == uninterrupted(raw, steps)
+
+
+def test_two_jax_processes_of_a_packed_language_model_go_on_on_one_then_on_two_again(tmp_path):
+    """Issue 51 on JAX: two processes get SIGTERM, one process of 2 devices resumes (the rows the two had left of
+    their epoch dealt to it) and is SIGKILLed inside them, two processes resume from that and finish; every document
+    is trained on once an epoch (`assert_every_document_once_an_epoch`)."""
+    from test_multiworker_sequences import assert_every_document_once_an_epoch
+    from test_text_lm import converted, lm_config
+
+    data_dir = converted(tmp_path, count=200, splits="train")
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    epochs, per_epoch = 4, 8
+    raw = lm_config(data_dir, run_dir, length=128, epochs=epochs, steps=per_epoch, eval_data=False,
+                    checkpoint_every_steps=2, max_checkpoints=3)
+    raw["data"]["sequence"].update(window=16, row_shuffle=2)
+    raw["model"]["framework"] = "jax"
+    raw["cluster"] = {"cpu_replicas": 1}  # one device per process
+    config_path = str(tmp_path / "config.json")
+    json.dump(raw, open(config_path, "w"))
+
+    processes = start_processes(config_path, out_dir, "train_lm_jax")
+    wait_for_step(processes, out_dir, 5)
+    processes[1].send_signal(signal.SIGTERM)
+    printed = finish(processes)
+    assert [p.returncode for p in processes] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
+    sigterm_step = agreed_sigterm_step(printed, run_dir)
+
+    alone_config = str(tmp_path / "alone.json")
+    json.dump({**raw, "cluster": {"cpu_replicas": 2}, "train": {**raw["train"], "checkpoint_every_steps": 1}},
+              open(alone_config, "w"))
+    env = _env(IDS_LOG="ids-alone.log")
+    env.pop("XLA_FLAGS")
+    alone = subprocess.Popen([sys.executable, CHILD, "train_lm_jax", alone_config, out_dir], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    resumed_at = kill_after_its_first_checkpoint(alone, run_dir, sigterm_step)
+    said = alone.communicate(timeout=60)[0]
+    assert ("this run has 1 host (2 replicas), the checkpoint 2 hosts: the rows 2 hosts had left of data epoch "
+            in said), said[-3000:]
+    drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)
+
+    processes = start_processes(config_path, out_dir, "train_lm_jax")
+    printed = finish(processes)
+    assert [p.returncode for p in processes] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
+    assert "the checkpoint 1 host: the rows 1 host had left of data epoch" in printed[0], printed[0][-3000:]
+    assert_every_document_once_an_epoch(out_dir, epochs * per_epoch, 200)
