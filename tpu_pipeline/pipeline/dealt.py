@@ -19,7 +19,10 @@ import tensorflow as tf
 from tpu_pipeline.pipeline.core.remainder import Remainder
 from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS, position_fields
 from tpu_pipeline.pipeline.core.row_remainder import IN_REST, RowRemainder
+from tpu_pipeline.pipeline.stages.batching import row_blocks, rows_in_blocks
 from tpu_pipeline.pipeline.stages.roles import Parts
+
+SHARE_BLOCK = 256  # dealt rows a block, as the Batch after cuts its batches from blocks
 
 Pipeline = Any  # builder.Pipeline, whose `build` calls these (not imported: builder imports this module)
 
@@ -116,15 +119,18 @@ def dealt_rows_then_own(pipeline: Pipeline, windowed: Parts, context: tf.distrib
     if chunk != IN_REST:
         return pipeline._stream(windowed, context, example, skip_outputs=delivered, chunk=chunk)
     own = pipeline._stream(windowed, context, own_start)
-    return rows_share(pipeline, windowed, context, remainder, example).concatenate(own)
+    share = rows_share(pipeline, windowed, context, remainder, example)
+    pools = row_blocks(own)
+    if pools is None:
+        return share.concatenate(own)
+    # Blocks on, so that a Batch after still cuts its batches from them (`rows_in_blocks`) for the rest of the run.
+    return rows_in_blocks(share.batch(SHARE_BLOCK).concatenate(pools))
 
 
 def next_pool(pipeline: Pipeline, windowed: Parts, context: tf.distribute.InputContext,
               place: tuple[int, int, int]) -> Optional[tuple[int, int]]:
     """(example, chunk) where the pool after the one at `place` starts in input pipeline `context`'s stream;
     None where the stream ends in that pool. Packs two pools, once, at a resume on another slice."""
-    from tpu_pipeline.pipeline.stages.batching import row_blocks
-
     example, chunk, _ = place
     rows = pipeline._stream(windowed, context, example, chunk=chunk)
     pools = row_blocks(rows)
