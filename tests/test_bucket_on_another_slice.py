@@ -36,7 +36,7 @@ def files(tmp_path_factory) -> str:
     return write_examples(tmp_path_factory.mktemp("bucket_slice"))
 
 
-def write_examples(root) -> str:
+def write_examples(root, count: int = EXAMPLES) -> str:
     """Example i is i + 1 repeated 2 to 59 times (its length sets its bucket): every token says the example."""
     rng = np.random.default_rng(3)
 
@@ -45,7 +45,7 @@ def write_examples(root) -> str:
         feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens))}
         return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
-    write_split((example(i) for i in range(EXAMPLES)), str(root), "train", 2)
+    write_split((example(i) for i in range(count)), str(root), "train", 2)
     return str(root / "train-*.tfrecord")
 
 
