@@ -78,13 +78,13 @@ def test_the_remainder_is_dealt_in_turns_and_shares_differ_by_one_at_most():
 NUM, GLOBAL_BATCH = 96, 12  # 1, 2 and 3 pipelines: 12, 6 and 4 examples a step each
 
 
-@pytest.fixture(scope="module", params=["per_example", "per_example_files", "batched", "cached"])
+@pytest.fixture(scope="module", params=["per_example", "per_example_files", "batched", "cached", "pad"])
 def pipeline(request, tmp_path_factory):
     """Shuffled TFRecords read in each plan: per example (JPEGs decoded and flipped at random: element seeds),
     with the records held in memory after epoch 0 (a small set's default) or read from the files each epoch
     in that epoch's file order (a large set's); batch-then-parse from the files (the interleave moves blocks
     of records, a window shuffle); or per example with the decoded examples cached to files (each epoch
-    reshuffles epoch 0's: the old hosts' are rebuilt uncached)."""
+    reshuffles epoch 0's: the old hosts' are rebuilt uncached); or token sequences in pad mode."""
     from tpu_pipeline import Pipeline
     from tpu_pipeline.config import config_from_dict
     from tpu_pipeline.testing import write_tfrecords
@@ -97,16 +97,24 @@ def pipeline(request, tmp_path_factory):
     else:
         features = {"features": {"dtype": "float32", "shape": [4]}}
         ops = [{"op": "cast", "key": "id", "dtype": "int32"}]
+    sequence = {}
+    if request.param == "pad":  # each example 5 token ids, padded to 8 with a mask
+        features, ops, augment = {"tokens": {"dtype": "int64", "shape": [5]}}, [], []
+        sequence = {"sequence": {"keys": ["tokens"], "length": 8, "mode": "pad"}}
     files = write_tfrecords(directory, features, num=NUM, num_shards=4, image_size=8)
-    data = config_from_dict({"data": {
+    if request.param == "pad":
+        features = {"tokens": {"dtype": "int64", "kind": "ragged"}}
+    data = config_from_dict({"data": {**sequence,
         "source": {"type": "tfrecord", "files": files}, "features": {**features, "id": {"dtype": "int64"}},
         "preprocess": ops, "augment": augment, "batch_size": GLOBAL_BATCH, "repeat": "forever", "seed": 5,
         "parse": "batched" if request.param == "batched" else "per_example",
         "cache": {"enabled": request.param == "cached", "path": str(directory / "cache") if request.param == "cached" else "",
                   "records": "auto" if request.param == "per_example" else False}}}).data
     built = Pipeline.from_config(data)
-    assert built.deals_remainders and (built.plan.batched == (request.param == "batched")), built.plan
-    assert built.plan.record_cache.value == (request.param == "per_example"), built.plan.record_cache
+    assert built.deals_remainders
+    if request.param != "pad":
+        assert built.plan.batched == (request.param == "batched"), built.plan
+        assert built.plan.record_cache.value == (request.param == "per_example"), built.plan.record_cache
     return built
 
 
