@@ -42,6 +42,20 @@ def start_processes(config_path: str, out_dir: str, mode: str = "train_jax") -> 
     return processes
 
 
+def alone_and_killed(tmp_path, config: dict, mode: str, sigterm_step: int) -> tuple[int, str]:
+    """One process alone (a slice that came back smaller) resumes `config` from the two processes' checkpoint at
+    `sigterm_step`, a checkpoint each step, and is SIGKILLed after its first: (the step the next run resumes
+    from, what it printed)."""
+    alone_config = str(tmp_path / "alone.json")
+    json.dump({**config, "train": {**config["train"], "checkpoint_every_steps": 1}}, open(alone_config, "w"))
+    env = _env(IDS_LOG="ids-alone.log")
+    env.pop("XLA_FLAGS")
+    alone = subprocess.Popen([sys.executable, CHILD, mode, alone_config, str(tmp_path / "out")], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    resumed_at = kill_after_its_first_checkpoint(alone, config["train"]["run_dir"], sigterm_step)
+    return resumed_at, alone.communicate(timeout=60)[0]
+
+
 def tf_path_batches(config: dict, steps: int) -> dict[tuple[int, int], list[int]]:
     """(step, replica) → label ids: replica h*4 + k takes host h's input pipeline's element step*4 + k."""
     from tpu_pipeline.config import config_from_dict
@@ -101,14 +115,7 @@ def test_two_jax_processes_killed_and_terminated_resume_exactly_each_host_feedin
 
     # 2b. One process alone (a slice that came back smaller: 1 host of 4 devices): the rest of the epoch the
     # two were in is dealt to it; SIGKILLed after its first checkpoint (one each step), inside that rest.
-    alone_config = str(tmp_path / "alone.json")
-    json.dump({**config, "train": {**config["train"], "checkpoint_every_steps": 1}}, open(alone_config, "w"))
-    env = _env(IDS_LOG="ids-alone.log")
-    env.pop("XLA_FLAGS")
-    alone = subprocess.Popen([sys.executable, CHILD, "train_jax", alone_config, out_dir], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    resumed_at = kill_after_its_first_checkpoint(alone, run_dir, sigterm_step)
-    printed_alone = alone.communicate(timeout=60)[0]
+    resumed_at, printed_alone = alone_and_killed(tmp_path, config, "train_jax", sigterm_step)
     assert dealt_line(1, 2, sigterm_step, "this host", replicas=DEVICES // HOSTS) in printed_alone, printed_alone[-3000:]
     drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)  # trained again below, by two hosts
 
@@ -185,16 +192,10 @@ def test_two_jax_processes_of_a_packed_language_model_go_on_on_one_then_on_two_a
     """Issue 51 on JAX: two processes get SIGTERM, one process of 2 devices resumes (the rows the two had left of
     their epoch dealt to it) and is SIGKILLed inside them, two processes resume from that and finish; every document
     is trained on once an epoch (`assert_every_document_once_an_epoch`)."""
-    from test_multiworker_sequences import assert_every_document_once_an_epoch
-    from test_text_lm import converted, lm_config
+    from test_multiworker_sequences import SLICE_CHANGE_EPOCHS, assert_every_document_once_an_epoch, slice_change_run
 
-    data_dir = converted(tmp_path, count=200, splits="train")
-    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
-    os.makedirs(out_dir)
-    epochs, per_epoch = 4, 8
-    raw = lm_config(data_dir, run_dir, length=128, epochs=epochs, steps=per_epoch, eval_data=False,
-                    checkpoint_every_steps=2, max_checkpoints=3)
-    raw["data"]["sequence"].update(window=16, row_shuffle=2)
+    raw, run_dir, out_dir = slice_change_run(tmp_path)
+    epochs, per_epoch = SLICE_CHANGE_EPOCHS
     raw["model"]["framework"] = "jax"
     raw["cluster"] = {"cpu_replicas": 1}  # one device per process
     config_path = str(tmp_path / "config.json")
@@ -207,15 +208,7 @@ def test_two_jax_processes_of_a_packed_language_model_go_on_on_one_then_on_two_a
     assert [p.returncode for p in processes] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
     sigterm_step = agreed_sigterm_step(printed, run_dir)
 
-    alone_config = str(tmp_path / "alone.json")
-    json.dump({**raw, "cluster": {"cpu_replicas": 2}, "train": {**raw["train"], "checkpoint_every_steps": 1}},
-              open(alone_config, "w"))
-    env = _env(IDS_LOG="ids-alone.log")
-    env.pop("XLA_FLAGS")
-    alone = subprocess.Popen([sys.executable, CHILD, "train_lm_jax", alone_config, out_dir], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    resumed_at = kill_after_its_first_checkpoint(alone, run_dir, sigterm_step)
-    said = alone.communicate(timeout=60)[0]
+    resumed_at, said = alone_and_killed(tmp_path, {**raw, "cluster": {"cpu_replicas": 2}}, "train_lm_jax", sigterm_step)
     assert ("this run has 1 host (2 replicas), the checkpoint 2 hosts: the rows 2 hosts had left of data epoch "
             in said), said[-3000:]
     drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)

@@ -181,13 +181,8 @@ def test_a_packed_language_model_goes_on_exactly_on_one_host_then_on_two_again(t
     the run, each document m or m + 1 times, all of them at least once."""
     from test_multiworker import drop_steps_after, kill_after_its_first_checkpoint
 
-    data_dir = converted(tmp_path, count=200, splits="train")
-    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
-    os.makedirs(out_dir)
-    epochs, per_epoch = 4, 8
-    raw = lm_config(data_dir, run_dir, length=128, epochs=epochs, steps=per_epoch, eval_data=False,
-                    checkpoint_every_steps=2, max_checkpoints=3)
-    raw["data"]["sequence"].update(window=16, row_shuffle=2)  # pools of 32 documents: several a host an epoch
+    raw, run_dir, out_dir = slice_change_run(tmp_path)
+    epochs, per_epoch = SLICE_CHANGE_EPOCHS
     raw["cluster"] = {}  # TF_CONFIG decides: MultiWorkerMirroredStrategy, one replica per worker
     config_path = str(tmp_path / "config.json")
     json.dump(raw, open(config_path, "w"))
@@ -224,6 +219,22 @@ def test_a_packed_language_model_goes_on_exactly_on_one_host_then_on_two_again(t
     assert metrics["steps"] == epochs * per_epoch and metrics["resumed_from_step"] == resumed_at, metrics
 
     assert_every_document_once_an_epoch(out_dir, epochs * per_epoch, 200)
+
+
+SLICE_CHANGE_EPOCHS = (4, 8)  # epochs of 8 steps: ~2.5 passes over the 200 documents
+
+
+def slice_change_run(tmp_path) -> tuple[dict, str, str]:
+    """(the config, run_dir, out_dir) of the runs that change slice: 200 documents in rows of 128, pools of 32
+    documents (several a host an epoch), a checkpoint every 2 steps."""
+    data_dir = converted(tmp_path, count=200, splits="train")
+    run_dir, out_dir = str(tmp_path / "run"), str(tmp_path / "out")
+    os.makedirs(out_dir)
+    epochs, per_epoch = SLICE_CHANGE_EPOCHS
+    raw = lm_config(data_dir, run_dir, length=128, epochs=epochs, steps=per_epoch, eval_data=False,
+                    checkpoint_every_steps=2, max_checkpoints=3)
+    raw["data"]["sequence"].update(window=16, row_shuffle=2)
+    return raw, run_dir, out_dir
 
 
 def assert_every_document_once_an_epoch(out_dir: str, steps: int, documents: int) -> None:

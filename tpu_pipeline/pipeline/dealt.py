@@ -20,6 +20,7 @@ from tpu_pipeline.pipeline.core.remainder import Remainder
 from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS, position_fields
 from tpu_pipeline.pipeline.core.row_remainder import IN_REST, RowRemainder
 from tpu_pipeline.pipeline.stages.batching import row_blocks, rows_in_blocks
+from tpu_pipeline.pipeline.stages.base import StageContext
 from tpu_pipeline.pipeline.stages.roles import Parts
 
 SHARE_BLOCK = 256  # dealt rows a block, as the Batch after cuts its batches from blocks
@@ -130,13 +131,11 @@ def dealt_rows_then_own(pipeline: Pipeline, windowed: Parts, context: tf.distrib
 def next_pool(pipeline: Pipeline, windowed: Parts, context: tf.distribute.InputContext,
               place: tuple[int, int, int]) -> Optional[tuple[int, int]]:
     """(example, chunk) where the pool after the one at `place` starts in input pipeline `context`'s stream;
-    None where the stream ends in that pool. Packs two pools, once, at a resume on another slice."""
+    None where the stream ends in that pool. Its records are parsed and cut into chunks, none packed
+    (`PackRows.pool_starts`), once, at a resume on another slice."""
     example, chunk, _ = place
-    rows = pipeline._stream(windowed, context, example, chunk=chunk)
-    pools = row_blocks(rows)
-    assert pools is not None, "a packed stream's rows come in pools (rows_in_blocks)"
-    for pool in pools.skip(1).take(1):
-        hi, lo, first = (int(pool[key][0]) for key in POSITION_KEYS[:3])
-        return hi * (1 << 31) + lo, first
+    records = pipeline._stream(windowed.until("windowed"), context, example)
+    starts = windowed.windowed.pool_starts(records, StageContext(context, examples=example, chunk=chunk))
+    for start, first in starts.skip(1).take(1):
+        return int(start), int(first)
     return None
-

@@ -198,11 +198,12 @@ class PackRows(Windowed):
         """A mixture's source, when parsed: counted per row (`<key>_tokens`, `<key>_segments`)."""
         return {SOURCE_KEY: self.sources} if SOURCE_KEY in spec and self.sources else {}
 
-    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
+    def _chunks(self, dataset: tf.data.Dataset, context: StageContext) -> tuple[tf.data.Dataset, list, Any, Any]:
+        """(the stream's chunks from the context's (example, chunk), the keys chunked and written, the weights'
+        pair riding in their targets' values or None, the spec with the weights as two keys)."""
         spec = carried_weights.as_two_keys(dataset.element_spec, self.keys)  # lm_shift's folded targets: two keys
         self.check_features(spec)
-        keys, skip = list(self.keys), context.skip
-        counted = self._counted(spec)
+        keys = list(self.keys)
         calls = tune(self.num_parallel_calls)
         parallel = {} if calls == 1 else {"num_parallel_calls": calls}
         pair = carried_weights.carried_pair(keys, self.lengths, spec)  # the weights ride in their targets' values
@@ -213,9 +214,24 @@ class PackRows(Windowed):
             dataset = dataset.map(lambda features: carried_weights.fold(features, pair), name="carry_weights", **in_order)
         # The keys whose values are chunked and written; the placement still sees every key (`column`).
         written = [key for key in keys if pair is None or key != pair[0]]
-        column = {key: (pair[1] if pair is not None and key == pair[0] else key) for key in keys}
         chunks = chunk_stream(dataset, written, self.lengths, self.overflow, context.examples, context.chunk,
-                              list(counted))
+                              list(self._counted(spec)))
+        return chunks, written, pair, spec
+
+    def pool_starts(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
+        """(example, chunk) where each pool of the stream starts, from the context's place, without packing any:
+        what a resume on another slice needs to know where a host's pool in progress ends (`dealt.next_pool`)."""
+        chunks, written, _, _ = self._chunks(dataset, context)
+        pools = window_stream(chunks, written, self.window * max(1, self.row_shuffle))
+        return pools.map(lambda parts: (parts[EXAMPLE][0], parts[CHUNK][0]))
+
+    def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
+        chunks, written, pair, spec = self._chunks(dataset, context)
+        keys, skip = list(self.keys), context.skip
+        counted = self._counted(spec)
+        calls = tune(self.num_parallel_calls)
+        parallel = {} if calls == 1 else {"num_parallel_calls": calls}
+        column = {key: (pair[1] if pair is not None and key == pair[0] else key) for key in keys}
         lengths = {key: self.lengths[key] for key in keys}
         windows = max(1, self.row_shuffle)  # a pool's windows
         pipeline = context.input_pipeline_id
