@@ -91,7 +91,9 @@ def rows_left(pipeline: Pipeline, windowed: Parts, remainder: RowRemainder) -> t
     examples = tf.constant([place[0] for place in remainder.places], tf.int64)
     chunks = tf.constant([place[1] for place in remainder.places], tf.int64)
 
-    def left(row: tf.Tensor, _: dict) -> tf.Tensor:  # `RowRemainder.older_left`
+    def left(row: tf.Tensor, _: dict) -> tf.Tensor:
+        """Row `row` of `older` not delivered: its old host (each read every hosts-th row) was still in `older`,
+        before that row."""
         host = row % remainder.hosts
         return tf.logical_and(tf.equal(chunks[host], IN_REST), row >= examples[host])
 

@@ -28,6 +28,18 @@ from tpu_pipeline.train.started_with import check_hosts, hosts
 LAYOUT_KEY = "input_layout"  # an example stream's layout in the checkpoint (ExampleLayout)
 
 
+def shard_length(pipeline: Pipeline, count: int, where: str) -> int:
+    """The epoch length of each of `count` input pipelines (balanced shards: the same for all), for a resume on
+    another number of hosts; one line naming the fix (`where`: the run_dir) where the source has none."""
+    length = pipeline.source.epoch_length(tf.distribute.InputContext(count, 0, count))
+    if not length:
+        raise ConfigError(
+            f"{where}: resuming on another number of hosts needs shards of a fixed length, and "
+            f"{type(pipeline.source).__name__} has none with this sharding; use data.source.sharding=auto "
+            "(balanced) on TFRecord files or arrays, or resume on as many hosts as before")
+    return length
+
+
 class ExampleLayout(tf.Module):
     """The layout of an example stream's input pipelines as of the last saved step (`saved`, JSON), and the
     one this run reads from (`layout`): the saved one, dealt to this run's number of hosts."""
@@ -55,14 +67,7 @@ class ExampleLayout(tf.Module):
         return self._pipeline.global_batch_size() // count
 
     def _length(self, count: int, run_dir: str) -> int:
-        """The epoch length of each of `count` input pipelines (balanced shards: the same for all)."""
-        length = self._pipeline.source.epoch_length(tf.distribute.InputContext(count, 0, count))
-        if not length:
-            raise ConfigError(
-                f"train.run_dir={run_dir}: resuming on another number of hosts needs shards of a fixed length, and "
-                f"{type(self._pipeline.source).__name__} has none with this sharding; use data.source.sharding=auto "
-                "(balanced) on TFRecord files or arrays, or resume on as many hosts as before")
-        return length
+        return shard_length(self._pipeline, count, f"train.run_dir={run_dir}")
 
     def resume(self, step: int, run_dir: str) -> str:
         """After the checkpoint's restore: this run's layout, from the one saved at `step`, and the line that says

@@ -2,35 +2,24 @@
 
 `WindowedPosition` keeps each host's place (pool start, rows of it delivered); here the places of a checkpoint
 of P hosts become a `core.row_remainder.RowRemainder` (E: the last epoch a delivered row reached, found by
-packing each host's current pool once) and the M new hosts' first places: host j at row j of R. The line a
+chunking each host's current pool once) and the M new hosts' first places: host j at row j of R. The line a
 resume prints is made here too.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.core.row_remainder import IN_REST, Place, RowRemainder, dealt_places, epoch_to_deal
 from tpu_pipeline.pipeline.dealt import next_pool
-
-
-def epoch_length(pipeline: Pipeline, hosts: int, replicas: int) -> int:
-    """Each of `hosts` input pipelines' epoch length (balanced shards); one line naming the fix where none."""
-    length = pipeline.source.epoch_length(tf.distribute.InputContext(hosts, 0, replicas))
-    if not length:
-        raise ConfigError(
-            f"train.run_dir: resuming a packed stream on another number of hosts needs shards of a fixed length, and "
-            f"{type(pipeline.source).__name__} has none with this sharding; use data.source.sharding=auto (balanced) "
-            "on TFRecord files or arrays, or resume on as many hosts as before")
-    return length
+from tpu_pipeline.train.example_layout import shard_length
 
 
 def deal(pipeline: Pipeline, places: tuple[Place, ...], older: RowRemainder | None, replicas: int,
          hosts: int) -> tuple[RowRemainder, tuple[Place, ...]]:
     """(the remainder of a checkpoint whose hosts stood at `places` (of `replicas` replicas, still dealing
     `older` or not), the places of this run's `hosts` as they begin to read it)."""
-    length = epoch_length(pipeline, len(places), replicas)
+    length = shard_length(pipeline, len(places), "train.run_dir")
     windowed = pipeline.parts.until("windowed", inclusive=True)
     repeat = pipeline.parts.repeat
     last_epoch = 0 if repeat is None else (repeat.count or 1 << 40) - 1

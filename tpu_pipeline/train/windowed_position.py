@@ -60,7 +60,6 @@ class WindowedPosition(tf.Module):
                             and pipeline.service is None)
         self._was: Optional[tuple[int, int]] = None  # (hosts, replicas) of a checkpoint of another slice
         self._remainder: Optional[RowRemainder] = None  # the rows of an older slice being dealt (pack)
-        self._dealt_now = False
         self._places(self._pipelines)
         with tf.init_scope():
             # The replicas whose batches the saved places count (bucket: a window's outputs are theirs).
@@ -120,7 +119,7 @@ class WindowedPosition(tf.Module):
         places = tuple(self.saved(index) for index in range(saved_hosts))
         self._remainder, dealt = packed_slice.deal(self._pipeline, places, self._remainder, int(self.replicas.numpy()),
                                                    self._pipelines)
-        self._was, self._dealt_now = (saved_hosts, int(self.replicas.numpy())), True
+        self._was = (saved_hosts, int(self.replicas.numpy()))  # (pack never regroups: set here only)
         self._places(self._pipelines)
         for name, column in (("example", 0), ("chunk", 1), ("in_window", 2)):
             getattr(self, name).assign([place[column] for place in dealt])
@@ -216,7 +215,7 @@ class WindowedPosition(tf.Module):
         examples, chunks, delivered = self.example.numpy(), self.chunk.numpy(), self.in_window.numpy()
         if self._remainder is not None:
             return packed_slice.describe(self._remainder, self._pipelines, self._replicas,
-                                         self._was[0] if self._dealt_now and self._was else None)
+                                         self._was[0] if self._was is not None else None)
         if self._was is not None:
             hosts, replicas = self._was
             groups = int(delivered[0]) // max(1, self._replicas)

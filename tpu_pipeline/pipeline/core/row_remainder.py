@@ -59,11 +59,6 @@ class RowRemainder:
         assert self.older is not None, "a place in dealt rows needs the remainder they come from"
         return ((self.older.epoch + 1) * self.length, 0, 0)
 
-    def older_left(self, row: int) -> bool:
-        """Whether row `row` of `older` was not delivered by the old pipelines (each read every hosts-th row)."""
-        example, chunk, _ = self.places[row % self.hosts]
-        return chunk == IN_REST and row >= example
-
     def to_json(self) -> dict:
         return {"places": [list(place) for place in self.places], "length": self.length, "epoch": self.epoch,
                 "replicas": self.replicas, "older": None if self.older is None else self.older.to_json()}
@@ -74,10 +69,6 @@ class RowRemainder:
             return None
         return RowRemainder(tuple(tuple(place) for place in value["places"]), value["length"], value["epoch"],
                             value["replicas"], RowRemainder.from_json(value["older"]))
-
-    @property
-    def levels(self) -> int:
-        return 1 + (self.older.levels if self.older is not None else 0)
 
 
 def epoch_to_deal(places: tuple[Place, ...], length: int, older: Optional[RowRemainder],
@@ -96,10 +87,5 @@ def epoch_to_deal(places: tuple[Place, ...], length: int, older: Optional[RowRem
 
 def dealt_places(hosts: int) -> tuple[Place, ...]:
     """The places of `hosts` new pipelines as they begin to read the dealt rows: pipeline j reads R[j] first.
-    One whose share is empty goes on with its own stream (`own_start`)."""
+    One whose share is empty goes on with its own stream, from epoch E + 1 (`Pipeline.build`)."""
     return tuple((index, IN_REST, 0) for index in range(hosts))
-
-
-def own_start(remainder: RowRemainder, length: int) -> int:
-    """Where the new pipelines' own streams start (epochs of `length`): the epoch after the remainder's."""
-    return (remainder.epoch + 1) * length
