@@ -56,6 +56,28 @@ def alone_and_killed(tmp_path, config: dict, mode: str, sigterm_step: int) -> tu
     return resumed_at, alone.communicate(timeout=60)[0]
 
 
+def two_then_one_then_two_on_jax(raw: dict, tmp_path, mode: str) -> tuple[str, list[str]]:
+    """Issue 51's round of slices on JAX, one device a process: two processes get SIGTERM past step 5, one process of
+    2 devices resumes and is SIGKILLed after its first checkpoint (`alone_and_killed`), two processes resume from that
+    and finish: (what the one printed, what the two printed at the end)."""
+    run_dir, out_dir = raw["train"]["run_dir"], str(tmp_path / "out")
+    raw = {**raw, "model": {**raw["model"], "framework": "jax"}, "cluster": {"cpu_replicas": 1}}
+    config_path = str(tmp_path / "config.json")
+    json.dump(raw, open(config_path, "w"))
+    processes = start_processes(config_path, out_dir, mode)
+    wait_for_step(processes, out_dir, 5)
+    processes[1].send_signal(signal.SIGTERM)
+    printed = finish(processes)
+    assert [p.returncode for p in processes] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
+    sigterm_step = agreed_sigterm_step(printed, run_dir)
+    resumed_at, said = alone_and_killed(tmp_path, {**raw, "cluster": {"cpu_replicas": 2}}, mode, sigterm_step)
+    drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)
+    processes = start_processes(config_path, out_dir, mode)
+    printed = finish(processes)
+    assert [p.returncode for p in processes] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
+    return said, printed
+
+
 def tf_path_batches(config: dict, steps: int) -> dict[tuple[int, int], list[int]]:
     """(step, replica) → label ids: replica h*4 + k takes host h's input pipeline's element step*4 + k."""
     from tpu_pipeline.config import config_from_dict
@@ -196,25 +218,22 @@ def test_two_jax_processes_of_a_packed_language_model_go_on_on_one_then_on_two_a
 
     raw, run_dir, out_dir = slice_change_run(tmp_path)
     epochs, per_epoch = SLICE_CHANGE_EPOCHS
-    raw["model"]["framework"] = "jax"
-    raw["cluster"] = {"cpu_replicas": 1}  # one device per process
-    config_path = str(tmp_path / "config.json")
-    json.dump(raw, open(config_path, "w"))
-
-    processes = start_processes(config_path, out_dir, "train_lm_jax")
-    wait_for_step(processes, out_dir, 5)
-    processes[1].send_signal(signal.SIGTERM)
-    printed = finish(processes)
-    assert [p.returncode for p in processes] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
-    sigterm_step = agreed_sigterm_step(printed, run_dir)
-
-    resumed_at, said = alone_and_killed(tmp_path, {**raw, "cluster": {"cpu_replicas": 2}}, "train_lm_jax", sigterm_step)
+    said, printed = two_then_one_then_two_on_jax(raw, tmp_path, "train_lm_jax")
     assert ("this run has 1 host (2 replicas), the checkpoint 2 hosts: the rows 2 hosts had left of data epoch "
             in said), said[-3000:]
-    drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)
-
-    processes = start_processes(config_path, out_dir, "train_lm_jax")
-    printed = finish(processes)
-    assert [p.returncode for p in processes] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
     assert "the checkpoint 1 host: the rows 1 host had left of data epoch" in printed[0], printed[0][-3000:]
     assert_every_document_once_an_epoch(out_dir, epochs * per_epoch, 200)
+
+
+def test_two_jax_processes_of_a_mixture_go_on_on_one_then_on_two_again(tmp_path):
+    """Issue 51 on JAX, a mixture of two image sources: two processes get SIGTERM, one process of 2 devices resumes
+    (the rest of each source's epoch dealt to it) and is SIGKILLed inside it, two processes resume from that and
+    finish; each source's images are trained on once an epoch (`assert_every_image_once_an_epoch`)."""
+    from test_multiworker_mixture import assert_every_image_once_an_epoch, mixture_run
+
+    raw, run_dir, out_dir = mixture_run(tmp_path)
+    said, printed = two_then_one_then_two_on_jax(raw, tmp_path, "train_jax")
+    assert ("this run has 1 host (2 replicas), the checkpoint 2 hosts: the rest of the sources' data epochs"
+            in said and "is dealt to this host" in said), said[-3000:]
+    assert "the checkpoint 1 host: the rest of the sources' data epochs" in printed[0], printed[0][-3000:]
+    assert_every_image_once_an_epoch(out_dir)

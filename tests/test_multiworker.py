@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import pytest
 
@@ -106,6 +107,44 @@ def dealt_line(hosts: int, was: int, step: int, to: str, replicas: int = 2) -> s
         return head + f"each input pipeline starts its own shard of data epoch {step // per_epoch + 1}"
     left = NUM - (step % per_epoch) * 64
     return head + f"the rest of data epoch {step // per_epoch + 1}, {left:,} examples, is dealt to {to}, then each reads its own shard"
+
+
+def two_then_one_then_two(raw: dict, tmp_path, start: Callable[[str, str], list[subprocess.Popen]], mode: str,
+                          killed: Callable[[int, str], None]) -> list[str]:
+    """Issue 51's round of slices for `raw` (its train.run_dir; ids logged under tmp_path/out): two TF_CONFIG workers
+    (`start(config_path, out_dir)`) get SIGTERM past step 5; one host of 2 replicas (child `mode`) resumes with a
+    checkpoint each step and is SIGKILLed after its first, the steps it trained after that dropped from its ids log;
+    `killed(the step of its checkpoint, what it printed)` checks them; two workers resume from that and finish.
+    Returns what the two printed at the end."""
+    run_dir, out_dir = raw["train"]["run_dir"], str(tmp_path / "out")
+    raw = {**raw, "cluster": {}}  # TF_CONFIG decides: MultiWorkerMirroredStrategy, one replica per worker
+    config_path = str(tmp_path / "config.json")
+    json.dump(raw, open(config_path, "w"))
+    workers = start(config_path, out_dir)
+    wait_for_step(workers, out_dir, 5)
+    workers[1].send_signal(signal.SIGTERM)
+    printed = finish(workers)
+    assert [w.returncode for w in workers] == [143, 143], "\n----\n".join(p[-3000:] for p in printed)
+    sigterm_step = max(int(name.split("-")[1].split(".")[0])
+                       for name in os.listdir(os.path.join(run_dir, "checkpoints")) if name.endswith(".index"))
+
+    alone_path = str(tmp_path / "alone.json")
+    json.dump({**raw, "cluster": {"cpu_replicas": 2}, "train": {**raw["train"], "checkpoint_every_steps": 1}},
+              open(alone_path, "w"))
+    alone = subprocess.Popen([sys.executable, CHILD, mode, alone_path, out_dir], cwd=REPO,
+                             env={**ENV, "IDS_LOG": "ids-alone.log"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    resumed_at = kill_after_its_first_checkpoint(alone, run_dir, sigterm_step)
+    said = alone.communicate(timeout=60)[0]
+    drop_steps_after(os.path.join(out_dir, "ids-alone.log"), resumed_at)
+    killed(resumed_at, said)
+
+    workers = start(config_path, out_dir)
+    printed = finish(workers)
+    assert [w.returncode for w in workers] == [0, 0], "\n----\n".join(p[-3000:] for p in printed)
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert metrics["resumed_from_step"] == resumed_at, metrics
+    return printed
 
 
 def agreed_sigterm_step(printed: list[str], run_dir: str) -> int:

@@ -63,16 +63,22 @@ def segment(files: str, hosts: int, replicas: int, first: int, steps: int | None
         if write is None:
             continue
         position.record(first + steps)
-        if chief is None:
-            chief = position
-        else:  # the exchange before a save leaves every worker's place in the chief's
-            for name in ("example", "chunk", "in_window"):
-                merged = getattr(chief, name).numpy()
-                merged[worker] = getattr(position, name).numpy()[worker]
-                getattr(chief, name).assign(merged)
+        chief = into_chief(chief, position, worker)
     if write is not None:
         tf.train.Checkpoint(**{POSITION_KEY: chief}).write(write)
     return seen, line, chief
+
+
+def into_chief(chief: WindowedPosition | None, position: WindowedPosition, worker: int) -> WindowedPosition:
+    """The chief's position once worker `worker` recorded its place: the exchange before a save leaves every
+    worker's place in the chief's (the first worker is the chief)."""
+    if chief is None:
+        return position
+    for name in ("example", "chunk", "in_window"):
+        merged = getattr(chief, name).numpy()
+        merged[worker] = getattr(position, name).numpy()[worker]
+        getattr(chief, name).assign(merged)
+    return chief
 
 
 def assert_twice(seen: list[int]) -> None:

@@ -126,10 +126,10 @@ def test_allow_changes_takes_compared_keys_or_their_sections_only():
         demo("train.allow_changes=[data.seed]")
 
 
-def test_a_mixed_stream_on_another_number_of_hosts_is_refused_except_through_the_service(monkeypatch):
-    """A source's place is in a host's own stream: on another number of input pipelines the rest of a mixture's
-    epoch is not dealt (an example stream is: tests/test_remainder.py, tests/test_multiworker.py; a packed one
-    deals its rows: tests/test_pack_on_another_slice.py)."""
+def test_only_a_bucketed_stream_scaled_by_tokens_is_refused_on_another_number_of_hosts(monkeypatch):
+    """Every other stream goes on: an example stream's rest is dealt (tests/test_remainder.py,
+    tests/test_multiworker.py), a mixture's too (tests/test_mixture_on_another_slice.py), a packed one deals its
+    rows (tests/test_pack_on_another_slice.py), a bucketed one regroups."""
     from tpu_pipeline.train import started_with
 
     packed = load_config(os.path.join(REPO, "configs", "text_lm.yaml"), ["train.run_dir=/runs/r"])
@@ -137,10 +137,7 @@ def test_a_mixed_stream_on_another_number_of_hosts_is_refused_except_through_the
     monkeypatch.setattr(started_with, "saved_record", lambda path: saved)
     started_with.check_hosts(packed, "/runs/r/checkpoints/ckpt-5", 2)
     started_with.check_hosts(packed, "/runs/r/checkpoints/ckpt-5", 1)  # pack: the rows its hosts had left are dealt
-    with pytest.raises(ConfigError, match=r"^train\.run_dir=.*: c was written by 2 hosts \(input pipelines\) and this run "
-                                          r"has 4 hosts; a data\.mixture stream resumes exactly only on as many, .* "
-                                          r"resume it on 2 hosts, or start a new train\.run_dir$"):
-        started_with.check_hosts(mixture(), "c", 4)
+    started_with.check_hosts(mixture(), "c", 4)  # an example stream's rest: dealt (`ExampleLayout`)
     # Through data.service a resume starts a fresh job at an epoch whatever the hosts; older records hold no count;
     # no checkpoint, nothing to compare.
     started_with.check_hosts(load_config(os.path.join(REPO, "configs", "text_lm.yaml"), [
@@ -157,7 +154,10 @@ def test_a_mixed_stream_on_another_number_of_hosts_is_refused_except_through_the
     by_tokens = load_config(os.path.join(REPO, "configs", "text_lm.yaml"), [
         "train.run_dir=/runs/r", "data.sequence.mode=bucket", "eval_data.sequence.mode=bucket",
         "data.sequence.bucket_batch=tokens"])
-    with pytest.raises(ConfigError, match=r"a data\.sequence bucket stream resumes exactly only on as many"):
+    with pytest.raises(ConfigError, match=r"^train\.run_dir=/runs/r: c was written by 2 hosts \(input pipelines\) and "
+                                          r"this run has 1 host; a data\.sequence bucket stream with bucket_batch=tokens "
+                                          r"resumes exactly only on as many, .* resume it on 2 hosts, or start a new "
+                                          r"train\.run_dir$"):
         started_with.check_hosts(by_tokens, "c", 1)
 
 

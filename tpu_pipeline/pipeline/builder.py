@@ -28,7 +28,8 @@ from tpu_pipeline.pipeline.core.remainder import Remainder
 from tpu_pipeline.pipeline.core.resume_position import INDEX_KEY
 from tpu_pipeline.pipeline.core.row_remainder import RowRemainder
 from tpu_pipeline.pipeline.data_errors import NamingDataErrors
-from tpu_pipeline.pipeline.dealt import dealt_rows_then_own, records_share, skip_examples, take_examples
+from tpu_pipeline.pipeline.dealt import (dealt_rows_then_own, mixed_share, records_share, skip_examples,
+                                        take_examples)
 from tpu_pipeline.pipeline.mixtures.mixture_weights import by_tokens
 from tpu_pipeline.pipeline.plan import Plan, make_plan
 from tpu_pipeline.pipeline.runtime.device_buffers import untune_device_buffers
@@ -118,7 +119,8 @@ class Pipeline:
         parts = self._parts_with_position(with_position)
         mode = self.sequence_mode
         if isinstance(remainder, RowRemainder):  # a packed stream's rest, dealt in rows (`dealt`)
-            own_start = (remainder.epoch + 1) * self._epoch_length(context, start)
+            # a mixture's own stream starts at 0, each source at its first epoch (`MixtureSource.first_epochs`)
+            own_start = 0 if remainder.states else (remainder.epoch + 1) * self._epoch_length(context, start)
             rows = dealt_rows_then_own(self, parts.until("windowed", inclusive=True), context, remainder,
                                        (start, chunk, skip), own_start)
             dataset = apply_stages(rows, parts.following("windowed"), StageContext(context))
@@ -156,9 +158,9 @@ class Pipeline:
     @property
     def deals_remainders(self) -> bool:
         """True: a resume on another number of input pipelines can go on exactly (`build(remainder=...)`):
-        a stream of examples (no window: its place is computed from the step) from a source of epochs
-        (not a mixture, which places each of its sources itself) and not through tf.data service."""
-        return self.parts.windowed is None and self.parts.service is None and not self.source.seekable
+        a stream of examples (no window: its place is computed from the step), of a source of epochs or a
+        mixture (whose sources' epochs are dealt: `MixedRemainder`), and not through tf.data service."""
+        return self.parts.windowed is None and self.parts.service is None
 
     @property
     def windowed(self) -> Optional[Windowed]:
@@ -238,7 +240,10 @@ class Pipeline:
             # A source that positions itself (a mixture: each of its sources at its own epoch and
             # record) has no epochs for the repeat to make: its sources repeat, or end, on their own.
             epoch = StageContext(context, epoch=tf.constant(FIRST_EPOCH, tf.int64))
-            dataset = apply_stages(self.source.build_from(context, start), (*once, *each), epoch)
+            mixed = self.source.build_from(context, start if remainder is None else 0)
+            if remainder is not None:  # its share of the old pipelines' rest, then its own mixture from its start
+                mixed = mixed_share(self, context, remainder).concatenate(mixed)
+            dataset = apply_stages(mixed, (*once, *each), epoch)
             return apply_stages(dataset, parts.stream, StageContext(context, examples=start, skip=skip_outputs,
                                                                     chunk=chunk))
         one_epoch, differ = self._epochs(parts, context, salted)

@@ -12,13 +12,15 @@ parts it builds from, and call its epoch and stream builders.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import tensorflow as tf
 
-from tpu_pipeline.pipeline.core.remainder import Remainder
+from tpu_pipeline.pipeline.core.remainder import MixedRemainder, Remainder
 from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS, position_fields
 from tpu_pipeline.pipeline.core.row_remainder import IN_REST, RowRemainder
+from tpu_pipeline.pipeline.mixtures.mixture_source import SOURCE_BLOCK
 from tpu_pipeline.pipeline.stages.batching import row_blocks, rows_in_blocks
 from tpu_pipeline.pipeline.stages.base import StageContext
 from tpu_pipeline.pipeline.stages.roles import Parts
@@ -74,6 +76,24 @@ def records_share(pipeline: Pipeline, parts: Parts, context: tf.distribute.Input
     return share.batch(1024) if blocks else share
 
 
+def mixed_share(pipeline: Pipeline, context: tf.distribute.InputContext, remainder: MixedRemainder) -> tf.data.Dataset:
+    """This input pipeline's share of what a mixture's old pipelines had left (`remainder.MixedRemainder`): each old
+    pipeline's mixture as its checkpoint made it, from its place, every source ending at the end of its epoch E_s
+    (so the mixture ends once all have), the old pipelines taken in turn, a record each, and every M-th record of
+    that from `taken + j` on. The mixed records (each with its source) are not parsed here."""
+    streams, blocks = [], False
+    for index in range(remainder.hosts):
+        old = tf.distribute.InputContext(remainder.hosts, index, context.num_replicas_in_sync)
+        source = dataclasses.replace(pipeline.source.as_saved(remainder.state(index)), last_epochs=remainder.epochs)
+        stream = source.build_from(old, remainder.examples[index])
+        blocks = source.read.keep_blocks
+        streams.append(stream.unbatch() if blocks else stream)
+    turns = tf.data.Dataset.range(remainder.hosts).repeat(max(remainder.lefts))
+    everything = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
+    share = everything.skip(remainder.taken + context.input_pipeline_id).shard(context.num_input_pipelines, 0)
+    return share.batch(SOURCE_BLOCK) if blocks else share
+
+
 def rows_left(pipeline: Pipeline, windowed: Parts, remainder: RowRemainder) -> tf.data.Dataset:
     """R, one row an element: the rows of `remainder.older` the old pipelines had not delivered, then each old
     pipeline's rows from its own place to the end of the remainder's epoch, taken in turns, a row each. `windowed`:
@@ -82,6 +102,11 @@ def rows_left(pipeline: Pipeline, windowed: Parts, remainder: RowRemainder) -> t
     for index in range(remainder.hosts):
         old = tf.distribute.InputContext(remainder.hosts, index, remainder.replicas)
         example, chunk, delivered = remainder.own_place(index)
+        if remainder.states:  # a mixture: as the old pipeline's state made it, each source ending at its E_s
+            source = pipeline.source.as_saved(remainder.state(index))
+            made = pipeline.with_source(dataclasses.replace(source, last_epochs=remainder.epochs))
+            streams.append(made._stream(windowed, old, example, skip_outputs=delivered, chunk=chunk))
+            continue
         streams.append(pipeline._stream(windowed, old, example, skip_outputs=delivered, chunk=chunk,
                                         stop=remainder.stop))
     turns = tf.data.Dataset.range(remainder.hosts).repeat()

@@ -22,7 +22,9 @@ from tpu_pipeline.cluster import ClusterInfo
 from tpu_pipeline.config import Config
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
-from tpu_pipeline.pipeline.core.remainder import Layout
+from tpu_pipeline.pipeline.core.remainder import Layout, MixedRemainder
+from tpu_pipeline.train import mixed_slice
+from tpu_pipeline.train.mixture_state import MixtureState
 from tpu_pipeline.train.started_with import check_hosts, hosts
 
 LAYOUT_KEY = "input_layout"  # an example stream's layout in the checkpoint (ExampleLayout)
@@ -44,21 +46,23 @@ class ExampleLayout(tf.Module):
     """The layout of an example stream's input pipelines as of the last saved step (`saved`, JSON), and the
     one this run reads from (`layout`): the saved one, dealt to this run's number of hosts."""
 
-    def __init__(self, pipeline: Pipeline, cluster: ClusterInfo) -> None:
+    def __init__(self, pipeline: Pipeline, cluster: ClusterInfo, mixture: Optional[MixtureState] = None) -> None:
         super().__init__(name="input_layout")
         self._pipeline = pipeline
         self._cluster = cluster
+        self._mixture = mixture  # a mixture's saved states: its sources' places, dealt on other hosts (`mixed_slice`)
         self.layout = Layout((0,) * cluster.num_hosts)
         self._was = self.layout  # the layout the checkpoint was saved in (`resume`)
         with tf.init_scope():
             self.saved = tf.Variable(json.dumps(self.layout.to_json()), dtype=tf.string, trainable=False, name="layout")
 
     @staticmethod
-    def of(pipeline: Pipeline, cluster: ClusterInfo, config: Config) -> Optional["ExampleLayout"]:
-        """The layout of a pipeline that deals remainders (an example stream); None for a windowed stream or a
-        mixture, whose places hold only on as many hosts: a checkpoint of another number is refused here."""
+    def of(pipeline: Pipeline, cluster: ClusterInfo, config: Config,
+           mixture: Optional[MixtureState] = None) -> Optional["ExampleLayout"]:
+        """The layout of a pipeline that deals remainders (an example stream, of one source or a `mixture`); None
+        for a windowed stream, whose places are its own (`windowed_position`), or one through tf.data service."""
         if pipeline.deals_remainders:
-            return ExampleLayout(pipeline, cluster)
+            return ExampleLayout(pipeline, cluster, mixture)
         check_hosts(config, tf.train.latest_checkpoint(os.path.join(config.train.run_dir, "checkpoints")), cluster.num_hosts)
         return None
 
@@ -78,9 +82,20 @@ class ExampleLayout(tf.Module):
             saved = Layout((step * self._per_step(saved.hosts),) * saved.hosts, step)
         count = self._cluster.num_hosts
         self._was = saved
-        self.layout = (saved if saved.hosts == count else
-                       saved.dealt_to(count, self._length(saved.hosts, run_dir), self._length(count, run_dir)))
+        if saved.hosts == count:
+            self.layout = saved
+        elif self._mixture is not None:  # each source's epochs dealt; then every host's own mixture (`mixed_slice`)
+            remainder = saved.remainder or mixed_slice.deal(self._pipeline, saved, self._mixture.saved_states(),
+                                                           self._cluster.num_replicas)
+            self.layout = saved.dealt_to(count, 0, 0, remainder)
+            self._mixture.start_own(remainder.first_epochs, remainder.states)
+        else:
+            self.layout = saved.dealt_to(count, self._length(saved.hosts, run_dir), self._length(count, run_dir))
         return self._describe(run_dir)
+
+    def start_of(self, index: int, step: int) -> int:
+        """Input pipeline `index`'s stream position at global step `step` (in a dealt rest: minus what is left)."""
+        return self.layout.place(index, step, self._per_step(self.layout.hosts))[0]
 
     def rebase(self, step: int, rebased: int, was_batch: int) -> None:
         """The saved layout of global step `step` made that of `rebased`, this run's step for the same examples
@@ -93,8 +108,10 @@ class ExampleLayout(tf.Module):
     def stream(self, context: tf.distribute.InputContext, step: int) -> tf.data.Dataset:
         """Input pipeline `context`'s stream from global step `step` on: from its place in the layout (its
         share of an old layout's remainder first, if it has one)."""
-        start, remainder = self.layout.place(context.input_pipeline_id, step, self._per_step(self.layout.hosts))
-        return self._pipeline.build(context, start=start, remainder=remainder)
+        index = context.input_pipeline_id
+        start, remainder = self.layout.place(index, step, self._per_step(self.layout.hosts))
+        pipeline = self._mixture.pipeline(index) if self._mixture is not None else self._pipeline  # its own weights
+        return pipeline.build(context, start=start, remainder=remainder)
 
     def record(self, step: int) -> None:
         """The layout as of global step `step`, for the checkpoint saved there."""
@@ -108,6 +125,10 @@ class ExampleLayout(tf.Module):
         replicas = self._cluster.num_replicas
         head = (f"this run has {hosts(now.hosts)} ({replicas} replica{'s' if replicas != 1 else ''}), the checkpoint "
                 f"{hosts(was.hosts)}: " if was.hosts != now.hosts else "")
+        if isinstance(remainder, MixedRemainder):
+            return head + mixed_slice.describe(remainder, self._pipeline.source.names, now.hosts)
+        if remainder is None and self._mixture is not None:
+            return head + "each input pipeline mixes its own shards, every source from its next epoch"
         if remainder is None:  # the old hosts stood at an epoch's end
             return head + f"each input pipeline starts its own shard of data epoch {now.examples[0] // self._length(now.hosts, run_dir) + 1}"
         epoch, rest = remainder.epoch + 1, remainder.rest

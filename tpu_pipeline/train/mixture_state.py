@@ -11,6 +11,7 @@ every pipeline's.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Callable, Optional
 
@@ -19,6 +20,7 @@ import tensorflow as tf
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.mixtures.reweighting import outputs_per_step, resumed
+from tpu_pipeline.train.mixed_slice import weights_line
 
 MIXTURE_KEY = "mixture"  # the mixture's weights in the checkpoint (MixtureState)
 
@@ -32,6 +34,7 @@ class MixtureState(tf.Module):
         self._pipeline = pipeline
         self._count = int(num_pipelines)
         self._pipelines: dict[int, Pipeline] = {}
+        self._dealt: Optional[list[str]] = None  # after `start_own`: the lines `resume` says
         with tf.init_scope():
             self.segments = tf.Variable(json.dumps([pipeline.source.resume_state()] * self._count), dtype=tf.string,
                                         trainable=False, name="segments")
@@ -40,6 +43,20 @@ class MixtureState(tf.Module):
     def of(pipeline: Pipeline, num_pipelines: int) -> Optional["MixtureState"]:
         """The state of a mixture's pipeline; None for a single source (its position says everything)."""
         return MixtureState(pipeline, num_pipelines) if pipeline.source.resume_state() is not None else None
+
+    def saved_states(self) -> list[str]:
+        """The restored states as saved: one per input pipeline of the checkpoint's hosts (`mixed_slice.deal`)."""
+        return json.loads(self.segments.numpy().decode())
+
+    def start_own(self, first_epochs: tuple[int, ...], old_states: tuple[str, ...]) -> None:
+        """A resume on another number of hosts (`mixed_slice`): every input pipeline of this run mixes its own shards
+        with this config's weights, each source from its epoch `first_epochs[i]` (the rest before, made by
+        `old_states`, was dealt); `resume` then says whether the weights changed."""
+        source = dataclasses.replace(self._pipeline.source, first_epochs=tuple(first_epochs), earlier=(), since=0)
+        own = self._pipeline.with_source(source)
+        self._pipelines = {index: own for index in range(self._count)}
+        self._dealt = [line for line in [weights_line(old_states, source)] if line]
+        self.segments.assign(json.dumps([source.resume_state()] * self._count))
 
     def _saved(self) -> list[str]:
         states = json.loads(self.segments.numpy().decode())
@@ -55,6 +72,8 @@ class MixtureState(tf.Module):
         """After the checkpoint's restore: every input pipeline's pipeline continuing its saved weights, from
         `place(context)` = (example, chunk, outputs of its window delivered) of its stream; the lines that say
         what changed and after how many steps the new weights take effect (none: nothing changed)."""
+        if self._dealt is not None:
+            return self._dealt  # the new hosts' own mixtures begin afresh (`start_own`)
         lines, states = [], self._saved()
         for index, saved in enumerate(states):
             context = tf.distribute.InputContext(self._count, index, num_replicas)

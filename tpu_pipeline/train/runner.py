@@ -160,10 +160,10 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
     windowed = train_pipeline.windowed
     # Through data.service no host sees the stream's windows (the service decides which worker makes
     # which row), so there a windowed stream restarts as an image stream does, at a data epoch's start.
-    position = (WindowedPosition(train_pipeline, cluster, store, run_key)
-                if windowed is not None and train_pipeline.service is None else None)
     mixture_state = MixtureState.of(train_pipeline, cluster.num_hosts)  # a mixture's weights, and since when
-    layout = ExampleLayout.of(train_pipeline, cluster, config)  # an example stream's places, dealt on other hosts
+    position = (WindowedPosition(train_pipeline, cluster, store, run_key, mixture_state)
+                if windowed is not None and train_pipeline.service is None else None)
+    layout = ExampleLayout.of(train_pipeline, cluster, config, mixture_state)  # an example stream's places, dealt
     resumed_from = 0
 
     def train_dataset(step: int) -> Any:
@@ -264,7 +264,8 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
         printer(f"resumed from {latest}: step {resumed_from} (epoch {epoch_now + 1}, step {into} of {steps}); {where}")
         if mixture_state is not None:  # weights changed: the rows in flight keep the old ones; said in a line
             saved_at = ((lambda context: position.saved(context.input_pipeline_id)) if position is not None else
-                        (lambda context: (resumed_from * train_pipeline.examples_per_step(context), 0, 0)))
+                        (lambda context: (layout.start_of(context.input_pipeline_id, resumed_from) if layout else
+                                          resumed_from * train_pipeline.examples_per_step(context), 0, 0)))
             for line in mixture_state.resume(saved_at, cluster.num_replicas):
                 printer(line)
             if position is not None:

@@ -18,7 +18,8 @@ from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.core.row_remainder import RowRemainder
 from tpu_pipeline.pipeline.runtime.position_log import PositionLog
-from tpu_pipeline.train import packed_slice
+from tpu_pipeline.train import mixed_slice, packed_slice
+from tpu_pipeline.train.mixture_state import MixtureState
 
 POSITION_KEY = "data"  # a windowed pipeline's input positions in the checkpoint (WindowedPosition)
 # How long a save waits for every worker's input position: all save the same step, so a step's skew
@@ -40,7 +41,7 @@ class WindowedPosition(tf.Module):
     kept checkpoint holds every host's place."""
 
     def __init__(self, pipeline: Pipeline, cluster: ClusterInfo, store: Optional[KeyValueStore] = None,
-                 run_key: str = "run") -> None:
+                 run_key: str = "run", mixture: Optional[MixtureState] = None) -> None:
         super().__init__(name="data_position")
         self._pipeline = pipeline
         self._pipelines = cluster.num_hosts
@@ -51,13 +52,13 @@ class WindowedPosition(tf.Module):
         self._replicas = cluster.num_replicas
         sequence = pipeline.plan.sequence.value if pipeline.plan is not None else None
         mode = pipeline.sequence_mode
-        # bucket: its places convert to another number of replicas or hosts (the global batch kept); a mixture's
-        # places are its sources' (refused on another number of hosts before this: `check_hosts`)
-        self._regroups = (mode is not None and sequence is not None and not pipeline.source.seekable
+        # bucket: its places convert to another number of replicas or hosts (the global batch kept): every host reads
+        # the one whole stream, a mixture's too
+        self._regroups = (mode is not None and sequence is not None
                           and mode.regroups_on_another_slice(sequence.bucket_batch))
         # pack: a checkpoint of another number of hosts deals the rows its hosts had left (`packed_slice`)
-        self._deals_rows = (mode is not None and mode.deals_rows_on_another_slice() and not pipeline.source.seekable
-                            and pipeline.service is None)
+        self._deals_rows = mode is not None and mode.deals_rows_on_another_slice() and pipeline.service is None
+        self._mixture = mixture  # a mixture's saved states: what made each old host's rows (`mixed_slice`)
         self._was: Optional[tuple[int, int]] = None  # (hosts, replicas) of a checkpoint of another slice
         self._remainder: Optional[RowRemainder] = None  # the rows of an older slice being dealt (pack)
         self._places(self._pipelines)
@@ -117,9 +118,15 @@ class WindowedPosition(tf.Module):
         if saved_hosts == self._pipelines or not self._deals_rows:
             return
         places = tuple(self.saved(index) for index in range(saved_hosts))
-        self._remainder, dealt = packed_slice.deal(self._pipeline, places, self._remainder, int(self.replicas.numpy()),
-                                                   self._pipelines)
-        self._was = (saved_hosts, int(self.replicas.numpy()))  # (pack never regroups: set here only)
+        replicas = int(self.replicas.numpy())
+        if self._mixture is not None:
+            self._remainder, dealt = mixed_slice.deal_rows(self._pipeline, places, self._remainder, replicas,
+                                                           self._pipelines, self._mixture.saved_states())
+            self._mixture.start_own(self._remainder.first_epochs, self._remainder.states)
+        else:
+            self._remainder, dealt = packed_slice.deal(self._pipeline, places, self._remainder, replicas,
+                                                       self._pipelines)
+        self._was = (saved_hosts, replicas)  # (pack never regroups: set here only)
         self._places(self._pipelines)
         for name, column in (("example", 0), ("chunk", 1), ("in_window", 2)):
             getattr(self, name).assign([place[column] for place in dealt])

@@ -77,6 +77,9 @@ class Remainder:
         taken = self.taken + pipelines * delivered
         return dataclasses.replace(self, taken=taken) if taken < self.total else None
 
+    def to_json(self) -> dict:
+        return {"examples": list(self.examples), "length": self.length, "taken": self.taken}
+
     def record_order(self) -> list[tuple[int, int]]:
         """R as (old pipeline, its stream position), in dealing order: what the dataset reads, for tests."""
         order, positions = [], list(self.examples)
@@ -87,6 +90,65 @@ class Remainder:
                     order.append((index, position))
                     positions[index] += 1
         return order
+
+
+class MixtureDealt:
+    """What a mixture's remainder keeps beside the old places (`MixedRemainder`, `row_remainder.RowRemainder`): E_s of
+    each source (`epochs`), and each old pipeline's saved mixture state (`states`: one for all where they agree)."""
+
+    epochs: tuple[int, ...]
+    states: tuple[str, ...]
+
+    @property
+    def first_epochs(self) -> tuple[int, ...]:
+        """The epoch each source's own stream begins with on the new pipelines."""
+        return tuple(epoch + 1 for epoch in self.epochs)
+
+    def state(self, index: int) -> str:
+        """Old pipeline `index`'s saved mixture state."""
+        return self.states[index] if len(self.states) > 1 else self.states[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedRemainder(MixtureDealt, Remainder):
+    """A mixture's remainder (`data.mixture`, whose sources each have epochs of their own): old pipeline i had
+    `lefts[i]` examples left, its mixture (saved state `states[i]`, or `states[0]` for all) rebuilt from its
+    place with each source s ending at the end of its epoch `epochs[s]` (E_s: the last one any old pipeline had
+    begun). A new pipeline's own mixture then begins each source at epoch E_s + 1, at its own stream position 0:
+    its place while it reads its share is minus what is left of the share. `length` is unused (1)."""
+
+    lefts: tuple[int, ...] = ()
+    epochs: tuple[int, ...] = ()
+    states: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.examples or len(self.lefts) != len(self.examples) or not self.states:
+            raise ValueError(f"a mixture's remainder needs each old place, its count left and a state (got "
+                             f"{self.examples}, {self.lefts}, {len(self.states)} state(s))")
+
+    @property
+    def epoch(self) -> int:
+        return max(self.epochs)
+
+    def left(self, index: int) -> int:
+        return self.lefts[index]
+
+    def start(self, pipelines: int, index: int, length: int) -> int:
+        return -self.share(pipelines, index)
+
+    def to_json(self) -> dict:
+        return {"examples": list(self.examples), "taken": self.taken, "lefts": list(self.lefts),
+                "epochs": list(self.epochs), "states": list(self.states)}
+
+
+def remainder_from_json(saved: Optional[dict]) -> Optional[Remainder]:
+    """A layout's remainder as `to_json` wrote it (a mixture's has `lefts`)."""
+    if saved is None:
+        return None
+    if "lefts" in saved:
+        return MixedRemainder(tuple(saved["examples"]), 1, saved["taken"], tuple(saved["lefts"]),
+                              tuple(saved["epochs"]), tuple(saved["states"]))
+    return Remainder(tuple(saved["examples"]), saved["length"], saved["taken"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,23 +178,21 @@ class Layout:
         places = [self.place(index, step, per_step) for index in range(self.hosts)]
         return Layout(tuple(start for start, _ in places), step, places[0][1])
 
-    def dealt_to(self, hosts: int, length: int, new_length: int) -> "Layout":
+    def dealt_to(self, hosts: int, length: int, new_length: int, remainder: Optional[Remainder] = None) -> "Layout":
         """This layout continued on `hosts` input pipelines of epoch length `new_length` (`length`: this
-        layout's own): what it had left of its epoch dealt to them, then their own epochs."""
+        layout's own): what it had left of its epoch dealt to them, then their own epochs. `remainder`: what it
+        had left, where the places alone do not say (a mixture's: `MixedRemainder`)."""
         if hosts == self.hosts:
             return self
-        remainder = self.remainder if self.remainder is not None else Remainder(self.examples, length)
+        remainder = self.remainder or remainder or Remainder(self.examples, length)
         return Layout(tuple(remainder.start(hosts, index, new_length) for index in range(hosts)), self.step,
                       remainder if remainder.rest else None)
 
     def to_json(self) -> dict:
         remainder = self.remainder
         return {"examples": list(self.examples), "step": self.step,
-                "remainder": None if remainder is None else {
-                    "examples": list(remainder.examples), "length": remainder.length, "taken": remainder.taken}}
+                "remainder": None if remainder is None else remainder.to_json()}
 
     @staticmethod
     def from_json(value: dict) -> "Layout":
-        saved = value.get("remainder")
-        remainder = None if saved is None else Remainder(tuple(saved["examples"]), saved["length"], saved["taken"])
-        return Layout(tuple(value["examples"]), value["step"], remainder)
+        return Layout(tuple(value["examples"]), value["step"], remainder_from_json(value.get("remainder")))

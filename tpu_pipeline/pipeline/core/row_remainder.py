@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+from tpu_pipeline.pipeline.core.remainder import MixtureDealt
+
 IN_REST = -1  # a place's chunk while its pipeline reads dealt rows: its example is then its next row's index in R
 
 Place = tuple[int, int, int]  # (example where the pool starts, its chunk, rows of the pool delivered)
@@ -31,7 +33,7 @@ def delivered_epoch(example: int, chunk: int, length: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class RowRemainder:
+class RowRemainder(MixtureDealt):
     """What `len(places)` old pipelines (epochs of `length` records each, `replicas` in all) had left from their
     `places` up to the end of `epoch`, as rows; before those, the rows of `older` (a remainder they were still
     dealing) that they had not delivered."""
@@ -41,6 +43,10 @@ class RowRemainder:
     epoch: int
     replicas: int
     older: Optional["RowRemainder"] = None
+    # A mixture's (`length` 0): E of each source, whose own stream ends there, and each old pipeline's saved mixture
+    # state (one for all where they agree); a new pipeline's own mixture begins each source at its epoch E_s + 1.
+    epochs: tuple[int, ...] = ()
+    states: tuple[str, ...] = ()
 
     @property
     def hosts(self) -> int:
@@ -60,15 +66,17 @@ class RowRemainder:
         return ((self.older.epoch + 1) * self.length, 0, 0)
 
     def to_json(self) -> dict:
+        mixture = {"epochs": list(self.epochs), "states": list(self.states)} if self.states else {}
         return {"places": [list(place) for place in self.places], "length": self.length, "epoch": self.epoch,
-                "replicas": self.replicas, "older": None if self.older is None else self.older.to_json()}
+                "replicas": self.replicas, "older": None if self.older is None else self.older.to_json(), **mixture}
 
     @staticmethod
     def from_json(value: Optional[dict]) -> Optional["RowRemainder"]:
         if value is None:
             return None
         return RowRemainder(tuple(tuple(place) for place in value["places"]), value["length"], value["epoch"],
-                            value["replicas"], RowRemainder.from_json(value["older"]))
+                            value["replicas"], RowRemainder.from_json(value["older"]),
+                            tuple(value.get("epochs", ())), tuple(value.get("states", ())))
 
 
 def epoch_to_deal(places: tuple[Place, ...], length: int, older: Optional[RowRemainder],

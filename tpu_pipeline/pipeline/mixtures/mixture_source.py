@@ -77,6 +77,11 @@ class MixtureSource(RecordFileSource):
     # Weights changed on resume: the earlier (start example, example rates) segments; `weights` hold from `since`.
     earlier: tuple[tuple[int, tuple[float, ...]], ...] = ()
     since: int = 0
+    # A resume on another number of hosts (`train/mixed_slice.py`): each source's stream begins at its epoch
+    # `first_epochs[i]` (the epochs before were dealt); a rebuild of an old host's rest ends each at the end of
+    # its epoch `last_epochs[i]` (-1: nothing). Empty: from epoch 0, and no end but the source's own.
+    first_epochs: tuple[int, ...] = ()
+    last_epochs: tuple[int, ...] = ()
 
     def _schedule(self, segment: int) -> MixingSchedule:
         weights = self.earlier[segment][1] if segment < len(self.earlier) else self.weights
@@ -128,8 +133,35 @@ class MixtureSource(RecordFileSource):
         # its files.
         return dataclasses.replace(self, parts=parts, read=read)
 
+    def _origin(self, index: int, context: tf.distribute.InputContext) -> int:
+        """Where source `index`'s stream begins on this input pipeline: the start of its epoch `first_epochs[index]`."""
+        first = self.first_epochs[index] if self.first_epochs else 0
+        return first * self._length(self.parts[index], context) if first else 0
+
     def _totals(self, context: tf.distribute.InputContext) -> list[Optional[int]]:
-        return [None if part.exhausted == "repeat" else self._length(part, context) for part in self.parts]
+        """Records each source holds for this input pipeline from its origin (None: it repeats without end)."""
+        totals = []
+        for index, part in enumerate(self.parts):
+            ends = []
+            if part.exhausted != "repeat":
+                ends.append(self._length(part, context))
+            if self.last_epochs:
+                ends.append((self.last_epochs[index] + 1) * self._length(part, context))
+            totals.append(max(0, min(ends) - self._origin(index, context)) if ends else None)
+        return totals
+
+    def epoch_lengths(self, context: tf.distribute.InputContext) -> list[int]:
+        """Each source's epoch length on this input pipeline."""
+        return [self._length(part, context) for part in self.parts]
+
+    def source_places(self, context: tf.distribute.InputContext, delivered: int) -> np.ndarray:
+        """Where each source's own stream stands once this input pipeline delivered `delivered` examples: the
+        records of it read since its epoch 0 (a few integers, from the schedule's closed form)."""
+        starts, bases = self._starts(), self._bases(context)
+        segment = max(k for k, start in enumerate(starts) if start <= delivered or k == 0)
+        positions = self.positions(context, segment, bases[segment])
+        taken = bases[segment] + positions.taken(positions.locate(max(0, delivered - starts[segment])))
+        return taken + np.array([self._origin(index, context) for index in range(len(self.parts))], np.int64)
 
     def positions(self, context: tf.distribute.InputContext, segment: Optional[int] = None,
                   base: Optional[Sequence[int]] = None) -> MixturePositions:
@@ -241,7 +273,7 @@ class MixtureSource(RecordFileSource):
             return (tf.dynamic_stitch([positions for positions, _ in placed], [part for _, part in placed]), choices,
                     tf.constant(False), tf.constant(False))
 
-        every_block_whole = all(part.exhausted == "repeat" for part in self.parts)
+        every_block_whole = all(total is None for total in totals)
 
         def mix(number: tf.Tensor, parts: tuple, everything: Optional[tf.Tensor] = None) -> tuple:
             choices = schedule._block_tensor(number)
@@ -297,8 +329,14 @@ class MixtureSource(RecordFileSource):
     # What a checkpoint keeps beside the input position: the weights in force and since when (a few numbers).
     def resume_state(self) -> Optional[str]:
         segments = [[start, list(weights)] for start, weights in self.earlier] + [[self.since, list(self.weights)]]
+        first = {"first_epochs": list(self.first_epochs)} if any(self.first_epochs) else {}
         return json.dumps({"names": list(self.names), "segments": segments,
-                           "configured": [part.weight for part in self.parts]})
+                           "configured": [part.weight for part in self.parts], **first})
+
+    @staticmethod
+    def _saved_first(state: str) -> tuple[int, ...]:
+        """The first epoch of each source's stream in a saved state (none: all from epoch 0)."""
+        return tuple(int(epoch) for epoch in json.loads(state).get("first_epochs", ()))
 
     def _saved_segments(self, state: str) -> list[tuple[int, tuple[float, ...]]]:
         saved = json.loads(state)
@@ -311,7 +349,8 @@ class MixtureSource(RecordFileSource):
         """The mixture exactly as the checkpoint made it, its last weights going on: what made the rows in
         flight at the save (a resume replays them to find where they end)."""
         segments = self._saved_segments(state)
-        return dataclasses.replace(self, weights=segments[-1][1], earlier=tuple(segments[:-1]), since=segments[-1][0])
+        return dataclasses.replace(self, weights=segments[-1][1], earlier=tuple(segments[:-1]), since=segments[-1][0],
+                                   first_epochs=self._saved_first(state))
 
     def stream_length(self, context: tf.distribute.InputContext) -> Optional[int]:
         """Examples of this input pipeline's whole stream, every segment of weights with its own (None: endless)."""
@@ -325,8 +364,9 @@ class MixtureSource(RecordFileSource):
         this config's from there, as one more segment of weights; and a line saying what changed
         (None: nothing). `when(switch)`: how the line says when the new weights take effect."""
         segments = self._saved_segments(state)
+        going_on = dataclasses.replace(self, first_epochs=self._saved_first(state))  # its sources' epochs too
         if tuple(segments[-1][1]) == tuple(self.weights):
-            return dataclasses.replace(self, earlier=tuple(segments[:-1]), since=segments[-1][0]), None
+            return dataclasses.replace(going_on, earlier=tuple(segments[:-1]), since=segments[-1][0]), None
         switch = max(example + margin, segments[-1][0])
         configured = [part.weight for part in self.parts]
         change = ", ".join(f"{name} {old:g} -> {new:g}" for name, old, new in zip(self.names, json.loads(state)["configured"],
@@ -337,7 +377,7 @@ class MixtureSource(RecordFileSource):
             "finishes with the old ones)")
         message = (f"data.mixture: weights changed since the checkpoint ({change}); they take effect {taking}; "
                    "every source continues where it stopped")
-        return dataclasses.replace(self, earlier=tuple(segments), since=switch), message
+        return dataclasses.replace(going_on, earlier=tuple(segments), since=switch), message
 
     def _length(self, part: MixturePart, context: tf.distribute.InputContext) -> int:
         length = part.source.epoch_length(context)
@@ -348,8 +388,9 @@ class MixtureSource(RecordFileSource):
 
     def _stream(self, index: int, part: MixturePart, context: tf.distribute.InputContext, taken: int,
                 total: Optional[int], first_cached: Optional[int] = None) -> tf.data.Dataset:
-        """Source `index` after its first `taken` records, as vectors of records: its epochs (each with its
-        file order and window shuffle) from epoch taken // L, the first taken % L records of that one cut off.
+        """Source `index` after its first `taken` records (from its origin: `_origin`), as vectors of records: its
+        epochs (each with its file order and window shuffle) from epoch t // L, the first t % L records of that one
+        cut off (t: origin + taken), up to its end (`last_epochs`) if it has one.
 
         `first_cached`: the record cache holds this source's records (in file-list order) from that index
         on (`_record_cache`). The vectors are then of indices into it, in the order the same reads would
@@ -357,7 +398,7 @@ class MixtureSource(RecordFileSource):
         shuffle: the same stream, record for record, with no file read.
         """
         length = self._length(part, context)
-        epoch_first, skip = divmod(taken, length)
+        epoch_first, skip = divmod(self._origin(index, context) + taken, length)
         files = part.source.files_source()
         count = sum(files.record_counts()) if first_cached is not None else 0
         # Indices are cheap to permute: in the consumer's thread, where handing each window to another thread
@@ -379,8 +420,9 @@ class MixtureSource(RecordFileSource):
         if total is not None and taken >= total:
             return tf.data.Dataset.from_tensors(tf.zeros([0], tf.string if first_cached is None else tf.int64)).take(0)
         if part.exhausted == "repeat":
-            return skip_records(tf.data.Dataset.range(epoch_first, 1 << 62).flat_map(one_epoch), skip)
-        return skip_records(one_epoch(tf.constant(0, tf.int64)), skip)
+            end = self.last_epochs[index] + 1 if self.last_epochs else 1 << 62
+            return skip_records(tf.data.Dataset.range(epoch_first, end).flat_map(one_epoch), skip)
+        return skip_records(one_epoch(tf.constant(0, tf.int64)), epoch_first * length + skip)
 
 
 def skip_records(vectors: tf.data.Dataset, count: int) -> tf.data.Dataset:
