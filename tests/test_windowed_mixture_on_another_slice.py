@@ -45,11 +45,12 @@ def files(tmp_path_factory) -> dict[str, str]:
     return found
 
 
-def packed_mixture(files: dict[str, str], exhausted: str | tuple[str, str], mode: str = "pack") -> Pipeline:
+def packed_mixture(files: dict[str, str], exhausted: str | tuple[str, str], mode: str = "pack",
+                   weights: tuple[float, float] | None = None) -> Pipeline:
     """Rows of 64 from pools of 2 windows of 8 chunks: several pools a host an epoch, so pools straddle epochs.
     `exhausted`: both sources', or each one's (then web weighs 0.8: code stops the mixture past web's first epochs)."""
     policies = (exhausted, exhausted) if isinstance(exhausted, str) else exhausted
-    weights = (0.6, 0.4) if isinstance(exhausted, str) else (0.8, 0.2)
+    weights = weights or ((0.6, 0.4) if isinstance(exhausted, str) else (0.8, 0.2))
     sources = [{"name": name, "weight": weight, "exhausted": policy,
                 "source": {"type": "tfrecord", "files": files[name]}}
                for name, weight, policy in zip(SOURCES, weights, policies)]
@@ -62,13 +63,14 @@ def packed_mixture(files: dict[str, str], exhausted: str | tuple[str, str], mode
 
 
 def segment(files: dict[str, str], exhausted: str | tuple[str, str], hosts: int, replicas: int, first: int,
-            steps: int | None, read: str | None, write: str, mode: str = "pack") -> tuple[list[int], str]:
+            steps: int | None, read: str | None, write: str, mode: str = "pack",
+            weights: tuple[float, float] | None = None) -> tuple[list[int], str]:
     """Every host of a slice from global step `first`, restored from checkpoint `read` as `train` restores it:
     `steps` steps of its stream (None: to its end, nothing saved), its place recorded; the chief's checkpoint, with
     every host's place, to `write`."""
     seen, line, chief = [], "", None
     for worker in range(hosts):
-        pipeline = packed_mixture(files, exhausted, mode)
+        pipeline = packed_mixture(files, exhausted, mode, weights)
         mixture = MixtureState(pipeline, hosts)
         position = WindowedPosition(pipeline, cluster(hosts, replicas, worker), mixture=mixture)
         checkpoint = tf.train.Checkpoint(**{POSITION_KEY: position, MIXTURE_KEY: mixture})
@@ -76,7 +78,8 @@ def segment(files: dict[str, str], exhausted: str | tuple[str, str], hosts: int,
             position.check_saved(read)
             checkpoint.read(read).assert_consumed()
             line = position.resume()
-            mixture.resume(lambda context: position.saved(context.input_pipeline_id), replicas)
+            lines = mixture.resume(lambda context: position.saved(context.input_pipeline_id), replicas)
+            line = "; ".join([line, *lines])
             position.pipeline_of = mixture.pipeline
         stream = iter(position.stream(tf.distribute.InputContext(hosts, worker, replicas), first))
         for _ in range(steps * replicas // hosts if steps is not None else 1 << 30):
@@ -132,6 +135,19 @@ def test_a_packed_mixture_of_a_repeating_source_and_one_that_stops_goes_on_exact
     assert set(counts.values()) <= {whole, whole + 1}, collections.Counter(counts.values())
     assert collections.Counter(example for example in seen if example >= code[0]) == collections.Counter(
         range(code[0], code[0] + code[1]))
+
+
+def test_weights_changed_while_the_dealt_rows_are_read_take_effect_in_each_hosts_own_mixture(files, tmp_path):
+    """2 hosts → 1 (stopped inside the dealt rows) → the same host with other weights: the rows keep the old ones,
+    its own mixture (not begun) mixes with the new ones; every example once."""
+    seen, step, read, lines = [], 0, None, []
+    for number, (hosts, steps, weights) in enumerate([(2, 2, None), (1, 1, None), (1, None, (0.3, 0.7))]):
+        write = str(tmp_path / f"ckpt-{number}")
+        part, line = segment(files, "drop", hosts, 4 if hosts == 2 else 2, step, steps, read, write, weights=weights)
+        seen, lines, step, read = seen + part, lines + [line], step + (steps or 0), write
+    assert sorted(seen) == every_example()
+    assert ("data.mixture: weights changed since the checkpoint (web 0.6 -> 0.3, code 0.4 -> 0.7); they take effect "
+            "from the first example of its own mixture, after the rows dealt from the earlier slice") in lines[2], lines
 
 
 def test_a_bucketed_mixture_regroups_on_another_number_of_hosts(files, tmp_path):

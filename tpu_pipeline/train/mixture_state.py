@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline.builder import Pipeline
+from tpu_pipeline.pipeline.core.row_remainder import IN_REST
 from tpu_pipeline.pipeline.mixtures.reweighting import outputs_per_step, resumed
 from tpu_pipeline.train.mixed_slice import weights_line
 
@@ -78,8 +79,13 @@ class MixtureState(tf.Module):
         for index, saved in enumerate(states):
             context = tf.distribute.InputContext(self._count, index, num_replicas)
             example, chunk, skip = place(context)
-            pipeline, message = resumed(self._pipeline, saved, context, example, chunk, skip,
-                                        per_step=outputs_per_step(self._pipeline, context))
+            if chunk == IN_REST:  # in rows dealt from another slice: its own mixture has not begun, nothing in flight
+                source, message = self._pipeline.source.with_resume_state(saved, 0, 0, lambda switch: (
+                    "from the first example of its own mixture, after the rows dealt from the earlier slice"))
+                pipeline = self._pipeline.with_source(source)
+            else:
+                pipeline, message = resumed(self._pipeline, saved, context, example, chunk, skip,
+                                            per_step=outputs_per_step(self._pipeline, context))
             self._pipelines[index] = pipeline
             states[index] = pipeline.source.resume_state()
             if message:
