@@ -21,7 +21,6 @@ import tensorflow as tf
 
 from tpu_pipeline.cluster.info import ClusterInfo
 from tpu_pipeline.config import config_from_dict
-from tpu_pipeline.errors import ConfigError
 from tpu_pipeline.pipeline import Pipeline
 from tpu_pipeline.records.writer import write_split
 from tpu_pipeline.train.windowed_position import POSITION_KEY, WindowedPosition, regrouped_skip
@@ -49,12 +48,12 @@ def write_examples(root, count: int = EXAMPLES) -> str:
     return str(root / "train-*.tfrecord")
 
 
-def pipeline(files: str, bucket_batch: str = "examples") -> Pipeline:
+def pipeline(files: str, bucket_batch: str = "examples", batch: int = GLOBAL_BATCH) -> Pipeline:
     data = {"source": {"type": "tfrecord", "files": files},
             "features": {"tokens": {"dtype": "int64", "kind": "ragged"}},
             "sequence": {"keys": ["tokens"], "length": 64, "mode": "bucket", "window": 64,
                          "bucket_batch": bucket_batch},
-            "batch_size": GLOBAL_BATCH, "repeat": 1, "seed": 4, "shuffle": {"buffer_size": 64}}
+            "batch_size": batch, "repeat": 1, "seed": 4, "shuffle": {"buffer_size": 64}}
     return Pipeline.from_config(config_from_dict({"data": data}).data)
 
 
@@ -148,11 +147,51 @@ def test_the_groups_delivered_decide_whatever_host_stopped_where():
     assert regrouped_skip([20, 24], 8, 4) == 12 and regrouped_skip([24], 8, 16) == 48 and regrouped_skip([0], 8, 4) == 0
 
 
-def test_tokens_scaled_buckets_resume_only_on_as_many_hosts(files, tmp_path):
-    """Scaled by tokens, a bucket's batch is rounded per replica: its groups change with the slice, so a
-    checkpoint of another number of hosts stays refused in one line."""
+@pytest.mark.parametrize("was, now, steps", [((1, 8), (1, 4), 3), ((2, 8), (1, 4), 2), ((1, 4), (2, 8), 5)])
+def test_tokens_scaled_buckets_go_on_exactly_on_another_slice(files, tmp_path, was, now, steps):
+    """Scaled by tokens, a bucket's batch rounds per replica, so a window's groups differ with the slice: the resume
+    skips the examples of the window the old groups held (bucket order) and groups the rest for the new replicas."""
     path = str(tmp_path / "ckpt")
-    position = WindowedPosition(pipeline(files, "tokens"), cluster(2, 8))
-    tf.train.Checkpoint(**{POSITION_KEY: position}).write(path)
-    with pytest.raises(ConfigError, match="holds the packed/bucketed input positions of 2 host"):
-        WindowedPosition(pipeline(files, "tokens"), cluster(1, 4)).check_saved(path)
+    tokens = lambda files: pipeline(files, "tokens")  # noqa: E731
+    before = train_steps(files, *was, steps, path, tokens)
+    after, line = rest_of_epoch(files, *now, steps, path, tokens)
+    counts = collections.Counter(before + after)
+    assert sorted(counts) == list(range(1, EXAMPLES + 1)), f"missing {EXAMPLES - len(counts)}"
+    assert max(counts.values()) == 1, f"{sum(v > 1 for v in counts.values())} example(s) twice"
+    assert f"the checkpoint {was[0]} host" in line and "of its examples the old steps' batches held" in line, line
+
+
+def test_tokens_scaled_buckets_on_a_third_slice_inside_the_regrouped_window(files, tmp_path):
+    """8 replicas → 4 (a step inside the window they regrouped) → 2 hosts of 8: the second change counts the
+    examples the first skipped and those its groups held."""
+    tokens = lambda files: pipeline(files, "tokens")  # noqa: E731
+    first = train_steps(files, 1, 8, 2, str(tmp_path / "a"), tokens)
+    position = WindowedPosition(tokens(files), cluster(1, 4))
+    position.check_saved(str(tmp_path / "a"))
+    tf.train.Checkpoint(**{POSITION_KEY: position}).read(str(tmp_path / "a")).assert_consumed()
+    position.resume()
+    middle = [i for batch in position.stream(tf.distribute.InputContext(1, 0, 4), 2).take(4) for i in examples_of(batch)]
+    position.record(3)
+    assert int(position.chunk.numpy()[0]) > 0  # inside the regrouped window: its skipped examples in the place
+    tf.train.Checkpoint(**{POSITION_KEY: position}).write(str(tmp_path / "b"))
+    last, line = rest_of_epoch(files, 2, 8, 3, str(tmp_path / "b"), tokens)
+    counts = collections.Counter(first + middle + last)
+    assert sorted(counts) == list(range(1, EXAMPLES + 1)) and max(counts.values()) == 1, line
+
+
+@pytest.mark.parametrize("bucket_batch", ["examples", "tokens"])
+def test_a_bucketed_stream_goes_on_exactly_with_another_global_batch(files, tmp_path, bucket_batch):
+    """A global batch of 16 on 8 replicas, then 8 on 4 (`train.allow_changes=[data.batch_size]`: the step rebased by
+    `batch_change`, which tells the position the old batch): the window goes on past the examples the old batch's
+    groups held, grouped by the new one; every example once."""
+    path = str(tmp_path / "ckpt")
+    before = train_steps(files, 1, 8, 3, path, lambda files: pipeline(files, bucket_batch, 16))
+    position = WindowedPosition(pipeline(files, bucket_batch, 8), cluster(1, 4))
+    position.check_saved(path)
+    tf.train.Checkpoint(**{POSITION_KEY: position}).read(path).assert_consumed()
+    position.rebase(3, 6, 16)
+    line = position.resume()
+    after = [i for batch in position.stream(tf.distribute.InputContext(1, 0, 4), 6) for i in examples_of(batch)]
+    counts = collections.Counter(before + after)
+    assert sorted(counts) == list(range(1, EXAMPLES + 1)) and max(counts.values()) == 1, line
+    assert "of its examples the old steps' batches held" in line, line

@@ -47,7 +47,8 @@ def files(tmp_path_factory) -> dict[str, str]:
 
 def packed_mixture(files: dict[str, str], exhausted: str | tuple[str, str], mode: str = "pack",
                    weights: tuple[float, float] | None = None) -> Pipeline:
-    """Rows of 64 from pools of 2 windows of 8 chunks: several pools a host an epoch, so pools straddle epochs.
+    """Rows of 64 from pools of 2 windows of 8 chunks: several pools a host an epoch, so pools straddle epochs
+    (`mode`: pack, or bucket-examples / bucket-tokens).
     `exhausted`: both sources', or each one's (then web weighs 0.8: code stops the mixture past web's first epochs)."""
     policies = (exhausted, exhausted) if isinstance(exhausted, str) else exhausted
     weights = weights or ((0.6, 0.4) if isinstance(exhausted, str) else (0.8, 0.2))
@@ -55,8 +56,8 @@ def packed_mixture(files: dict[str, str], exhausted: str | tuple[str, str], mode
                 "source": {"type": "tfrecord", "files": files[name]}}
                for name, weight, policy in zip(SOURCES, weights, policies)]
     data = {"mixture": {"sources": sources}, "features": {"tokens": {"dtype": "int64", "kind": "ragged"}},
-            "sequence": {"keys": ["tokens"], "length": 64, "mode": mode, "window": 8, "overflow": "truncate",
-                         **({"row_shuffle": 2} if mode == "pack" else {})},
+            "sequence": {"keys": ["tokens"], "length": 64, "mode": mode.split("-")[0], "window": 8, "overflow": "truncate",
+                         **({"row_shuffle": 2} if mode == "pack" else {"bucket_batch": mode.split("-")[1]})},
             "batch_size": GLOBAL_BATCH, "repeat": "forever" if "repeat" in policies else 1, "seed": 4,
             "shuffle": {"buffer_size": 32}, **({"drop_remainder": False} if mode == "pack" else {})}
     return Pipeline.from_config(config_from_dict({"data": data}).data)
@@ -86,7 +87,7 @@ def segment(files: dict[str, str], exhausted: str | tuple[str, str], hosts: int,
             batch = next(stream, None)
             if batch is None:
                 break
-            seen += packed_rows_of(batch) if mode == "pack" else examples_of(batch)
+            seen += packed_rows_of(batch) if mode == "pack" else examples_of(batch)  # bucket-<bucket_batch>
         if steps is None:
             continue
         position.record(first + steps)
@@ -150,14 +151,16 @@ def test_weights_changed_while_the_dealt_rows_are_read_take_effect_in_each_hosts
             "from the first example of its own mixture, after the rows dealt from the earlier slice") in lines[2], lines
 
 
-def test_a_bucketed_mixture_regroups_on_another_number_of_hosts(files, tmp_path):
+@pytest.mark.parametrize("bucket_batch", ["examples", "tokens"])
+def test_a_bucketed_mixture_regroups_on_another_number_of_hosts(files, tmp_path, bucket_batch):
     """bucket: every host reads the mixture's one whole stream and keeps its replicas' batches, so its place is the
     same on any slice: 2 hosts → 1 (inside the stream) → 2 to the end, every example once."""
     seen, step, read, lines = [], 0, None, []
     for number, (hosts, replicas, steps) in enumerate([(2, 4, 2), (1, 2, 3), (2, 4, None)]):
         write = str(tmp_path / f"ckpt-{number}")
-        part, line = segment(files, "drop", hosts, replicas, step, steps, read, write, mode="bucket")
+        part, line = segment(files, "drop", hosts, replicas, step, steps, read, write, mode=f"bucket-{bucket_batch}")
         seen, lines, step, read = seen + part, lines + [line], step + (steps or 0), write
     assert sorted(seen) == every_example()
     assert "the checkpoint 2 hosts (4 replicas)" in lines[1], lines
-    assert "each step's batch now cut for 2 replicas" in lines[1], lines
+    assert ("each step's batch now cut for 2 replicas" if bucket_batch == "examples" else
+            "its other examples batched for 2 replicas") in lines[1], lines

@@ -128,7 +128,7 @@ class Pipeline:
             raise ValueError("only a pipeline of examples from a source with epochs, without a window or "
                              "tf.data service, can deal another layout's remainder (deals_remainders)")
         elif mode is not None and mode.shares_stream(context):
-            dataset = self._shared_buckets(parts, context, start, skip)
+            dataset = self._shared_buckets(parts, context, start, skip, chunk)
         elif parts.service is None:
             dataset = self._stream(parts, context, start, skip_outputs=skip, chunk=chunk, remainder=remainder)
         else:  # no position through the service: a resume there restarts at an epoch (`service_restart`)
@@ -178,14 +178,14 @@ class Pipeline:
         return parts.inserted(SplitPosition(with_position), before="service" if parts.service is not None else "prefetch")
 
     def _shared_buckets(self, parts: Parts, context: tf.distribute.InputContext, start: int,
-                        skip: int) -> tf.data.Dataset:
+                        skip: int, chunk: int = 0) -> tf.data.Dataset:
         """Bucketing with several input pipelines (hosts): every replica of a step, on every host, must get
         the same shape, and a host cannot see the others' lengths. So every input pipeline reads the whole
         stream (as one pipeline would), buckets it into groups of all replicas' batches, and keeps the
         batches of its own replicas: each host parses every record (the price), every step has one
         shape, and each example reaches exactly one replica."""
         shared = tf.distribute.InputContext(1, 0, context.num_replicas_in_sync)
-        everything = self._stream(parts.until("windowed", inclusive=True), shared, start, skip_outputs=skip)
+        everything = self._stream(parts.until("windowed", inclusive=True), shared, start, skip_outputs=skip, chunk=chunk)
         mine = context.num_replicas_in_sync // context.num_input_pipelines
         index = context.input_pipeline_id
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from tpu_pipeline.pipeline.core.remainder import MixedRemainder, Remainder
 from tpu_pipeline.pipeline.core.resume_position import POSITION_KEYS, position_fields
 from tpu_pipeline.pipeline.core.row_remainder import IN_REST, RowRemainder
 from tpu_pipeline.pipeline.mixtures.mixture_source import SOURCE_BLOCK
+from tpu_pipeline.pipeline.sequences.chunking import is_block
+from tpu_pipeline.pipeline.sequences.sequence_stages import window_of
 from tpu_pipeline.pipeline.stages.batching import row_blocks, rows_in_blocks
 from tpu_pipeline.pipeline.stages.base import StageContext
 from tpu_pipeline.pipeline.stages.roles import Parts
@@ -153,6 +156,35 @@ def dealt_rows_then_own(pipeline: Pipeline, windowed: Parts, context: tf.distrib
         return share.concatenate(own)
     # Blocks on, so that a Batch after still cuts its batches from them (`rows_in_blocks`) for the rest of the run.
     return rows_in_blocks(share.batch(SHARE_BLOCK).concatenate(pools))
+
+
+def bucket_examples_delivered(pipeline: Pipeline, place: tuple[int, int, int], groups: int, replicas: int,
+                              global_batch: Optional[int] = None) -> int:
+    """Examples of a bucket window, in bucket order, that a stream on `replicas` replicas (of `global_batch`: this
+    pipeline's if None) at `place` (the window's start, examples of it delivered before, outputs after those) had
+    delivered once it took `groups` groups (a step's batch each) of it: what a resume skips where its groups are
+    others (`bucket_batch: tokens` rounds each bucket's batch per replica; another global batch). The window's
+    records are parsed once to find its buckets."""
+    example, skipped, _ = place
+    stage = pipeline.parts.windowed
+    if global_batch is not None:
+        stage = dataclasses.replace(stage, global_batch_size=global_batch)
+    context = tf.distribute.InputContext(1, 0, replicas)  # every host reads the whole stream (`_shared_buckets`)
+    examples = pipeline._stream(pipeline.parts.until("windowed"), context, example)
+    windows = examples if is_block(examples.element_spec, stage.keys) else window_of(examples, stage.window, stage.keys)
+    for window in windows.take(1):
+        counts = np.bincount(stage.bucket_of(window).numpy(), minlength=len(stage.bucket_lengths))
+        break
+    else:
+        return skipped
+    delivered, before = skipped, 0
+    for count, size in zip(counts, stage.group_sizes(context)):
+        left = int(count) - min(int(count), max(0, skipped - before))  # this bucket's examples after `skipped`
+        taken = min(groups, -(-left // size))  # its groups the stream took
+        delivered += min(left, taken * size)
+        groups -= taken
+        before += int(count)
+    return delivered
 
 
 def next_pool(pipeline: Pipeline, windowed: Parts, context: tf.distribute.InputContext,

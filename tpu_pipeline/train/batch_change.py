@@ -8,8 +8,9 @@ So the step is rebased: examples trained so far / the new batch. The input goes 
 schedule (laid out in epochs of the new batch's steps) at the same point, and the epoch count with it.
 
 Where that is not a whole number of new batches, the resume is refused in one line: a step's worth of the
-input could not be placed exactly. A packed stream counts its rows, with the same rule; a bucketed one is refused
-(its place is in groups of the old global batch).
+input could not be placed exactly. A packed stream counts its rows, with the same rule; a bucketed one counts its
+batches' slots (filler examples too), and its window goes on past the examples the old batch's groups held
+(`WindowedPosition.rebase`).
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def rebased_step(step: int, was: int, now: int, run_dir: str, latest: str, unit:
 def go_on_by_examples(latest: str, config: Config, model: Any, steps_per_epoch: int, layout: Optional[Any],
                       was_steps_per_epoch: Callable[[int], Optional[int]], printer: Callable[[str], None]) -> int:
     """After the restore of `latest`: the step this run goes on from. With the checkpoint's global batch, the
-    optimizer's; with another, rebased to this run's batch (the optimizer's step and an example stream's
-    saved layout with it), and a line that says so."""
+    optimizer's; with another, rebased to this run's batch (the optimizer's step, and an example stream's saved
+    layout or a windowed stream's position with it: `layout`), and a line that says so."""
     step = int(model.optimizer.iterations.numpy())
     saved = saved_record(latest)
     was = (saved or {}).get("identity", {}).get(BATCH_KEY)
@@ -49,13 +50,6 @@ def go_on_by_examples(latest: str, config: Config, model: Any, steps_per_epoch: 
     if was is None or was == now or step == 0:
         return step
     sequence = config.data.sequence
-    if sequence is not None and sequence_mode(sequence.mode).regroups_on_another_slice(sequence.bucket_batch):
-        # A bucketed stream's place is in its window's groups of the global batch; groups of another size cut
-        # the window's buckets elsewhere, so no place of them is the same examples.
-        raise ConfigError(
-            f"train.run_dir={config.train.run_dir}: {latest} was trained with {BATCH_KEY}={was}, and a "
-            f"bucketed stream (data.sequence.mode=bucket) resumes exactly only in groups of that global batch: "
-            f"resume with {BATCH_KEY}={was} (its replicas and hosts may change), or start a new train.run_dir")
     unit = (sequence_mode(sequence.mode).row_name if sequence is not None else "") or "examples"
     rebased = rebased_step(step, was, now, config.train.run_dir, latest, unit)
     model.optimizer.iterations.assign(rebased)

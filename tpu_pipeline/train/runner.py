@@ -238,7 +238,7 @@ def _train(config: Config, cluster: ClusterInfo, printer: Printer, model_fn: Opt
             ) from None
         held.after_restore()
         started_with_now.assign(json.dumps(started_with.record(config, cluster.num_hosts)))  # an accepted change is what goes on
-        resumed_from = batch_change.go_on_by_examples(latest, config, model, steps, layout, lambda was: (
+        resumed_from = batch_change.go_on_by_examples(latest, config, model, steps, layout or position, lambda was: (
             config.train.steps_per_epoch or full_batches(train_pipeline, was, "data", "steps")), printer)
         finished = read_metrics(run_dir) if resumed_from >= total_steps else None
         if finished is not None and PREEMPTED_KEY not in finished:  # a SIGTERM's metrics lack the evaluation

@@ -83,13 +83,13 @@ def check_resume(config: Config, latest: Optional[str]) -> list[str]:
 
 
 def check_hosts(config: Config, latest: Optional[str], input_pipelines: int) -> None:
-    """Refuses a resume of a bucketed stream scaled by tokens on another number of input pipelines (hosts) than
-    wrote `latest`.
+    """Refuses a resume on another number of input pipelines (hosts) than wrote `latest` of a windowed stream
+    whose mode can neither regroup its places nor deal its rows: none of today's (a new mode must say which).
 
-    Each host's place there is in windows of its own stream, which another number of hosts would cut
-    differently; a stream of examples (of one source or a mixture) is dealt to the new hosts instead
-    (`example_layout`), a bucketed one, which every host reads whole, regroups (`windowed_position`), and a
-    packed one deals the rows its hosts had left (`packed_slice`, `mixed_slice`).
+    A stream of examples (of one source or a mixture) is dealt to the new hosts (`example_layout`), a
+    bucketed one, which every host reads whole, regroups (`windowed_position`; scaled by tokens, skipping the
+    examples its old groups held), and a packed one deals the rows its hosts had left (`packed_slice`,
+    `mixed_slice`).
     Through data.service a resume starts a fresh job at an epoch's start whatever the hosts, so it goes on.
     Checkpoints written before the count was kept are not compared."""
     saved = saved_record(latest) if latest else None
@@ -103,10 +103,9 @@ def check_hosts(config: Config, latest: Optional[str], input_pipelines: int) -> 
         return  # bucket: every host reads the whole stream, its places regroup; pack: its rows are dealt (packed_slice)
     raise ConfigError(
         f"train.run_dir={config.train.run_dir}: {latest} was written by {hosts(was)} (input pipelines) and this run "
-        f"has {hosts(input_pipelines)}; a data.sequence {sequence.mode} stream with "
-        f"bucket_batch={sequence.bucket_batch} resumes exactly only on as many, since each host's place is in windows "
-        f"of its own (docs/resume.md): "
-        f"resume it on {hosts(was)}, or start a new train.run_dir"
+        f"has {hosts(input_pipelines)}; a data.sequence {sequence.mode} stream resumes exactly only on as many, since "
+        f"each host's place is in windows of its own (docs/resume.md): resume it on {hosts(was)}, or start a new "
+        "train.run_dir"
     )
 
 

@@ -17,6 +17,7 @@ from tpu_pipeline.cluster.coordination import KeyValueStore, StoreUnavailable
 from tpu_pipeline.errors import ConfigError, PeerFailure
 from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.core.row_remainder import RowRemainder
+from tpu_pipeline.pipeline.dealt import bucket_examples_delivered
 from tpu_pipeline.pipeline.runtime.position_log import PositionLog
 from tpu_pipeline.train import mixed_slice, packed_slice
 from tpu_pipeline.train.mixture_state import MixtureState
@@ -56,10 +57,13 @@ class WindowedPosition(tf.Module):
         # the one whole stream, a mixture's too
         self._regroups = (mode is not None and sequence is not None
                           and mode.regroups_on_another_slice(sequence.bucket_batch))
+        # bucket_batch: tokens: a window's groups differ with the replicas, so the examples they covered are skipped
+        self._counts_examples = self._regroups and mode.groups_change_with_the_slice(sequence.bucket_batch)
         # pack: a checkpoint of another number of hosts deals the rows its hosts had left (`packed_slice`)
         self._deals_rows = mode is not None and mode.deals_rows_on_another_slice() and pipeline.service is None
         self._mixture = mixture  # a mixture's saved states: what made each old host's rows (`mixed_slice`)
         self._was: Optional[tuple[int, int]] = None  # (hosts, replicas) of a checkpoint of another slice
+        self._was_batch: Optional[int] = None  # the checkpoint's global batch, where this run has another (`rebase`)
         self._remainder: Optional[RowRemainder] = None  # the rows of an older slice being dealt (pack)
         self._places(self._pipelines)
         with tf.init_scope():
@@ -133,18 +137,32 @@ class WindowedPosition(tf.Module):
         self.rows_remainder.assign(json.dumps(self._remainder.to_json()))
         self.replicas.assign(self._replicas)
 
+    def rebase(self, step: int, rebased: int, was_batch: int) -> None:
+        """A resume with another global batch (`batch_change`; the step is rebased there): a bucketed stream's window
+        goes on past the examples the old batch's groups held (`_regroup`); a packed one's places count rows."""
+        self._was_batch = was_batch
+
     def _regroup(self) -> None:
         """A checkpoint of another slice (other hosts or replicas) of a stream whose places regroup (bucket): each
         new pipeline's place is the window the old ones stood in, past the groups they delivered, each group
         now cut into this run's replicas' batches (`regrouped_skip`). Every host reads the whole stream (or is
         the only one), so they all stood in the same window, a group apart at most; their count decides."""
         saved_hosts, saved_replicas = int(self.example.shape[0]), int(self.replicas.numpy())
-        if saved_hosts == self._pipelines and saved_replicas == self._replicas:
+        if saved_hosts == self._pipelines and saved_replicas == self._replicas and self._was_batch is None:
             return
         if not self._regroups:
             return  # the places count rows (pack), the same on as many hosts whatever the replicas
         example, chunk = int(self.example[0].numpy()), int(self.chunk[0].numpy())
-        skip = regrouped_skip([int(value) for value in self.in_window.numpy()], saved_replicas, self._replicas)
+        delivered = [int(value) for value in self.in_window.numpy()]
+        if self._counts_examples or self._was_batch is not None:  # the examples the old groups held; the rest anew
+            groups = regrouped_skip(delivered, saved_replicas, 1)
+            made = self._pipeline  # the window as the checkpoint's run made it (a mixture: its saved weights)
+            if self._mixture is not None:
+                made = made.with_source(made.source.as_saved(self._mixture.saved_states()[0]))
+            chunk = bucket_examples_delivered(made, (example, chunk, 0), groups, saved_replicas, self._was_batch)
+            skip = 0
+        else:
+            skip = regrouped_skip(delivered, saved_replicas, self._replicas)
         self._was = (saved_hosts, saved_replicas)
         self._places(self._pipelines)
         self.example.assign([example] * self._pipelines)
@@ -226,13 +244,19 @@ class WindowedPosition(tf.Module):
         if self._was is not None:
             hosts, replicas = self._was
             groups = int(delivered[0]) // max(1, self._replicas)
-            return (f"this run has {_count(self._pipelines, 'host')} ({_count(self._replicas, 'replica')}), the "
+            head = (f"this run has {_count(self._pipelines, 'host')} ({_count(self._replicas, 'replica')}), the "
                     f"checkpoint {_count(hosts, 'host')} ({_count(replicas, 'replica')}): the input continues from "
-                    f"the window at example {int(examples[0]):,}, past its first {groups} step(s) of batches, each "
-                    f"step's batch now cut for {_count(self._replicas, 'replica')}")
+                    f"the window at example {int(examples[0]):,}, past ")
+            if self._counts_examples or self._was_batch is not None:
+                return head + (f"the first {int(chunks[0]):,} of its examples the old steps' batches held (bucket "
+                               f"order), its other examples batched for {_count(self._replicas, 'replica')}")
+            return head + (f"its first {groups} step(s) of batches, each step's batch now cut for "
+                           f"{_count(self._replicas, 'replica')}")
 
         def place(index: int) -> str:
-            inside = f" (its chunk {int(chunks[index])})" if chunks[index] else ""
+            inside = "" if not chunks[index] else (
+                f" (its first {int(chunks[index]):,} examples delivered on an earlier slice)" if self._regroups
+                else f" (its chunk {int(chunks[index])})")
             return (f"from the window at example {int(examples[index]):,}{inside}, past its first "
                     f"{int(delivered[index])} output(s)")
 

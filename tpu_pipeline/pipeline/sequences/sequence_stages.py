@@ -134,13 +134,15 @@ class Windowed(Stage):
             if key not in spec:
                 raise ConfigError(f"data.sequence.keys: feature {key!r} does not exist; features here: {sorted(spec)}")
 
-    def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext, first: int = 0,
+              skipped: int = 0) -> tf.data.Dataset:
         raise NotImplementedError
 
     def apply(self, dataset: tf.data.Dataset, context: StageContext) -> tf.data.Dataset:
         """`context.examples`: examples of the stream delivered before (where the window to rebuild
-        starts); it must fall on a window boundary. `context.chunk`: chunks of that example already
-        placed (pack mode); `context.skip`: outputs of the first window delivered before."""
+        starts); it must fall on a window boundary. `context.chunk`: examples of the first window delivered
+        before its outputs are counted (a bucket window resumed on another slice: `Bucket.outputs`);
+        `context.skip`: outputs of the first window delivered before (after those)."""
         position, skip = context.examples, context.skip
         if carried_weights.as_two_keys(dataset.element_spec, self.keys) != dict(dataset.element_spec):
             dataset = dataset.map(lambda features: carried_weights.apart(features, self.keys), name="weights_apart")
@@ -155,7 +157,7 @@ class Windowed(Stage):
             windows = window_of(dataset, self.window, self.keys)
         # One number per window (not per example): a zip costs per element.
         numbered = tf.data.Dataset.zip((tf.data.Dataset.range(first, 1 << 62), windows))
-        placed = self.place(numbered, context.input)
+        placed = self.place(numbered, context.input, first, context.chunk)
         return placed.skip(skip) if skip else placed
 
 
@@ -333,17 +335,21 @@ class Bucket(Windowed):
     def replicas(self, context: tf.distribute.InputContext) -> int:
         return max(1, context.num_replicas_in_sync // max(1, context.num_input_pipelines))
 
-    def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def place(self, windows: tf.data.Dataset, context: tf.distribute.InputContext, first: int = 0,
+              skipped: int = 0) -> tf.data.Dataset:
+        """Each window's outputs, numbered; the first window (`first`) without its first `skipped` examples in
+        bucket order (a window resumed on another slice: they were delivered in the old slice's groups), its
+        outputs' positions carrying that count as their chunk."""
         def one_window(index: tf.Tensor, features: Features) -> tf.data.Dataset:
-            outputs = self.outputs(features, context).enumerate()
-            return outputs.map(lambda i, out: {**out, **position_fields(index * self.window, 0, i)})
+            done = tf.where(tf.equal(index, first), tf.constant(skipped, tf.int64), 0)
+            outputs = self.outputs(features, context, done).enumerate()
+            return outputs.map(lambda i, out: {**out, **position_fields(index * self.window, done, i)})
 
         return windows.flat_map(one_window)
 
-    def outputs(self, window: Features, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def bucket_of(self, window: Features) -> tf.Tensor:
+        """int64 [W]: each example's bucket (the first whose length holds it)."""
         bounds = tf.constant(list(self.bucket_lengths), tf.int64)
-        sizes = bucket_batches(self.bucket_lengths, self.global_batch_size, context, self.scale)
-        group = self.replicas(context)
         longest = int(self.bucket_lengths[-1])
         lengths = tf.reduce_max(tf.stack([tf.cast(window[key].row_lengths(), tf.int64) for key in self.keys]), axis=0)
         if self.overflow == "error":
@@ -352,10 +358,24 @@ class Bucket(Windowed):
                                                    message=overflow_message(key, longest))
             with tf.control_dependencies([check]):
                 lengths = tf.identity(lengths)
-        bucket = tf.minimum(tf.searchsorted(bounds, lengths, side="left"), len(self.bucket_lengths) - 1)
-        per_bucket = []
+        return tf.minimum(tf.searchsorted(bounds, lengths, side="left"), len(self.bucket_lengths) - 1)
+
+    def group_sizes(self, context: tf.distribute.InputContext) -> list[int]:
+        """Examples of each bucket a step's group holds: its per-replica batch × the replicas of a step."""
+        sizes = bucket_batches(self.bucket_lengths, self.global_batch_size, context, self.scale)
+        return [size * self.replicas(context) for size in sizes]
+
+    def outputs(self, window: Features, context: tf.distribute.InputContext,
+                skipped: tf.Tensor | int = 0) -> tf.data.Dataset:
+        sizes = bucket_batches(self.bucket_lengths, self.global_batch_size, context, self.scale)
+        group = self.replicas(context)
+        bucket = self.bucket_of(window)
+        per_bucket, before = [], tf.constant(0, tf.int64)
         for index, (length, size) in enumerate(zip(self.bucket_lengths, sizes)):
             members = tf.reshape(tf.where(tf.equal(bucket, index)), [-1])
+            count = tf.size(members, tf.int64)
+            members = members[tf.clip_by_value(skipped - before, 0, count):]  # delivered on an earlier slice
+            before += count
             per_bucket.append(self._batches(window, members, int(length), size, group))
         batches = per_bucket[0]
         for more in per_bucket[1:]:

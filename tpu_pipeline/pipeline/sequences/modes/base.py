@@ -96,6 +96,11 @@ class SequenceMode(abc.ABC):
         (`regrouped_skip`); a mode without it resumes only on as many hosts, and keeps its rows per step."""
         return False
 
+    def groups_change_with_the_slice(self, bucket_batch: str) -> bool:
+        """Whether a regrouping mode's groups of a window differ with the replicas (then a resume on another slice
+        skips the examples the old groups covered, `dealt.bucket_examples_delivered`, not whole groups)."""
+        return False
+
     def deals_rows_on_another_slice(self) -> bool:
         """Whether a checkpoint of another number of hosts goes on by dealing the rows its hosts had left
         (`core.row_remainder`): pack, whose rows each host makes from its own stream."""

@@ -65,10 +65,14 @@ class BucketMode(SequenceMode):
                        overflow=sequence.overflow, scale=sequence.bucket_batch)]
 
     def regroups_on_another_slice(self, bucket_batch: str) -> bool:
+        # Every host reads the whole stream, so a window's buckets are the same on any slice.
+        return True
+
+    def groups_change_with_the_slice(self, bucket_batch: str) -> bool:
         # With batches of the same examples per bucket, each step's group is the same global batch's examples
-        # of one bucket whatever the replicas (with every host reading the whole stream): only its cut differs.
-        # Scaled by tokens, a bucket's batch rounds per replica: its groups change with the replicas.
-        return bucket_batch == "examples"
+        # of one bucket whatever the replicas: only its cut differs. Scaled by tokens, a bucket's batch rounds
+        # per replica: its groups change with the replicas, so a resume counts the examples they covered.
+        return bucket_batch != "examples"
 
     def shares_stream(self, context: tf.distribute.InputContext) -> bool:
         return context.num_input_pipelines > 1
