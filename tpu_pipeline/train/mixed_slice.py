@@ -10,7 +10,6 @@ epoch E_s + 1 (`MixtureSource.first_epochs`, kept in the mixture's saved state).
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +18,7 @@ from tpu_pipeline.pipeline.builder import Pipeline
 from tpu_pipeline.pipeline.core.remainder import Layout, MixedRemainder
 from tpu_pipeline.pipeline.core.row_remainder import IN_REST, Place, RowRemainder, dealt_places
 from tpu_pipeline.pipeline.dealt import next_pool
+from tpu_pipeline.pipeline.mixtures.mixture_source import MixtureSource
 
 
 def deal(pipeline: Pipeline, layout: Layout, states: list[str], replicas: int) -> MixedRemainder:
@@ -69,13 +69,10 @@ def describe(remainder: MixedRemainder, names: tuple[str, ...], hosts: int) -> s
             f"dealt to {to}, then each mixes its own shards, every source from its next epoch")
 
 
-def weights_line(states: tuple[str, ...], source) -> str | None:
+def weights_line(states: tuple[str, ...], source: MixtureSource) -> str | None:
     """The line for weights changed along with the slice (`source`: this config's mixture): the dealt rest keeps
     the old ones (None: none changed)."""
-    configured = [part.weight for part in source.parts]
-    was = json.loads(states[0])["configured"]
-    changed = ", ".join(f"{name} {old:g} -> {new:g}" for name, old, new in zip(source.names, was, configured)
-                        if old != new)
+    changed = source.weight_changes(states[0])
     if not changed:
         return None
     return (f"data.mixture: weights changed since the checkpoint ({changed}); the dealt rest keeps the old ones, and "

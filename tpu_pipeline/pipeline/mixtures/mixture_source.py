@@ -368,16 +368,19 @@ class MixtureSource(RecordFileSource):
         if tuple(segments[-1][1]) == tuple(self.weights):
             return dataclasses.replace(going_on, earlier=tuple(segments[:-1]), since=segments[-1][0]), None
         switch = max(example + margin, segments[-1][0])
-        configured = [part.weight for part in self.parts]
-        change = ", ".join(f"{name} {old:g} -> {new:g}" for name, old, new in zip(self.names, json.loads(state)["configured"],
-                                                                                  configured)
-                           if old != new) or "the same configured weights, new measured token rates"
+        change = self.weight_changes(state) or "the same configured weights, new measured token rates"
         taking = when(switch) if when is not None else (
             f"at example {switch:,} of this input pipeline's stream (example {example:,} now, the window in flight "
             "finishes with the old ones)")
         message = (f"data.mixture: weights changed since the checkpoint ({change}); they take effect {taking}; "
                    "every source continues where it stopped")
         return dataclasses.replace(going_on, earlier=tuple(segments), since=switch), message
+
+    def weight_changes(self, state: str) -> str:
+        """The configured weights that differ from a saved state's, as 'web 0.6 -> 0.5, ...' ('' where none do)."""
+        was = json.loads(state)["configured"]
+        return ", ".join(f"{name} {old:g} -> {part.weight:g}" for name, old, part in zip(self.names, was, self.parts)
+                         if old != part.weight)
 
     def _length(self, part: MixturePart, context: tf.distribute.InputContext) -> int:
         length = part.source.epoch_length(context)
