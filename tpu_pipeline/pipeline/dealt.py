@@ -73,9 +73,7 @@ def records_share(pipeline: Pipeline, parts: Parts, context: tf.distribute.Input
                   else head(one_epoch(tf.constant(epoch, tf.int64))))
         blocks = record_blocks(stream)
         streams.append((stream.unbatch() if blocks else stream).take(remainder.left(index)))
-    turns = tf.data.Dataset.range(remainder.hosts).repeat(max(remainder.left(i) for i in range(remainder.hosts)))
-    everything = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
-    share = everything.skip(remainder.taken + context.input_pipeline_id).shard(context.num_input_pipelines, 0)
+    share = share_in_turns(streams, remainder, context)
     return share.batch(1024) if blocks else share
 
 
@@ -91,10 +89,18 @@ def mixed_share(pipeline: Pipeline, context: tf.distribute.InputContext, remaind
         stream = source.build_from(old, remainder.examples[index])
         blocks = source.read.keep_blocks
         streams.append(stream.unbatch() if blocks else stream)
-    turns = tf.data.Dataset.range(remainder.hosts).repeat(max(remainder.lefts))
-    everything = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
-    share = everything.skip(remainder.taken + context.input_pipeline_id).shard(context.num_input_pipelines, 0)
+    share = share_in_turns(streams, remainder, context)
     return share.batch(SOURCE_BLOCK) if blocks else share
+
+
+def share_in_turns(streams: list[tf.data.Dataset], remainder: Remainder,
+                   context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """R, the old pipelines' rests (`streams`) taken in turn, an element each, and of it input pipeline j of M's
+    share: every M-th element from `remainder.taken + j` on."""
+    most = max(remainder.left(index) for index in range(remainder.hosts))
+    turns = tf.data.Dataset.range(remainder.hosts).repeat(most)
+    everything = tf.data.Dataset.choose_from_datasets(streams, turns, stop_on_empty_dataset=False)
+    return everything.skip(remainder.taken + context.input_pipeline_id).shard(context.num_input_pipelines, 0)
 
 
 def rows_left(pipeline: Pipeline, windowed: Parts, remainder: RowRemainder) -> tf.data.Dataset:
