@@ -25,7 +25,7 @@ def deal(pipeline: Pipeline, layout: Layout, states: list[str], replicas: int) -
     """The remainder of a mixture whose `layout.hosts` input pipelines stood at `layout.examples`, each made by its
     saved mixture state (`states`: one a pipeline, or one for all)."""
     hosts, source = layout.hosts, pipeline.source
-    states = states if len(states) == hosts else states[:1] * hosts
+    states = one_a_host(states, hosts)
     contexts = [tf.distribute.InputContext(hosts, index, replicas) for index in range(hosts)]
     olds = [source.as_saved(state) for state in states]
     places = np.stack([old.source_places(context, example)
@@ -34,8 +34,7 @@ def deal(pipeline: Pipeline, layout: Layout, states: list[str], replicas: int) -
     epochs = tuple(int(epoch) for epoch in -(-places.max(axis=0) // lengths) - 1)
     lefts = tuple(dataclasses.replace(old, last_epochs=epochs).stream_length(context) - example
                   for old, context, example in zip(olds, contexts, layout.examples))
-    kept = tuple(states) if len(set(states)) > 1 else tuple(states[:1])
-    return MixedRemainder(layout.examples, 1, 0, lefts, epochs, kept)
+    return MixedRemainder(layout.examples, 1, 0, lefts, epochs, kept(states))
 
 
 def deal_rows(pipeline: Pipeline, places: tuple[Place, ...], older: RowRemainder | None, replicas: int, hosts: int,
@@ -44,7 +43,7 @@ def deal_rows(pipeline: Pipeline, places: tuple[Place, ...], older: RowRemainder
     go with it: `next_pool`), through the schedule's closed form; the old hosts' rows are then rebuilt as their
     states made them, each source ending at its E_s (`dealt.rows_left`)."""
     count, source = len(places), pipeline.source
-    states = states if len(states) == count else states[:1] * count
+    states = one_a_host(states, count)
     windowed = pipeline.parts.until("windowed", inclusive=True)
     epochs = np.asarray(older.epochs if older is not None else [-1] * len(source.parts), np.int64)
     for index, place in enumerate(places):
@@ -56,9 +55,19 @@ def deal_rows(pipeline: Pipeline, places: tuple[Place, ...], older: RowRemainder
         read = old.stream_length(context) if end is None else end[0] + (1 if end[1] else 0)  # records with a chunk out
         lengths = np.asarray(old.epoch_lengths(context), np.int64)
         epochs = np.maximum(epochs, -(-old.source_places(context, read) // lengths) - 1)
-    kept = tuple(states) if len(set(states)) > 1 else tuple(states[:1])
-    remainder = RowRemainder(places, 0, int(epochs.max()), replicas, older, tuple(int(e) for e in epochs), kept)
+    remainder = RowRemainder(places, 0, int(epochs.max()), replicas, older, tuple(int(e) for e in epochs),
+                             kept(states))
     return remainder, dealt_places(hosts)
+
+
+def one_a_host(states: list[str], hosts: int) -> list[str]:
+    """The checkpoint's mixture states, one for each of its `hosts` (it keeps one for all where they agree)."""
+    return states if len(states) == hosts else states[:1] * hosts
+
+
+def kept(states: list[str]) -> tuple[str, ...]:
+    """What a remainder keeps of the old hosts' states: one for all where they agree."""
+    return tuple(states) if len(set(states)) > 1 else tuple(states[:1])
 
 
 def describe(remainder: MixedRemainder, names: tuple[str, ...], hosts: int) -> str:
